@@ -1,0 +1,224 @@
+"""Off-policy evaluation (algos/is_eval.py): speed and accuracy.
+
+Speed: episodes per second for every estimator together (OIS, WIS, PDIS, WPDIS, DR, WDR and the ESS;
+no bootstrap) at N = 100k episodes, H = 100 steps, in one jitted call, against the two baselines it
+replaces, run on the same data: the per-episode Python loop over episode objects and a vectorised
+numpy implementation (also timed on OIS, PDIS and WPDIS alone, the issue's 0.39M episodes/s
+reference); and the percentile bootstrap (1000 resamples) on its own. Every workload runs in its own
+process (common.run_worker): one warm-up call (the compile, for JAX), then the median of several.
+
+Accuracy: the GridWorld sweep of is_eval.py (bias, standard deviation, MSE and 95%-interval coverage
+against the exact V^pi for n = 10 ... 10000 episodes), with the MSE-vs-n plot saved under
+benchmarks/results/.
+
+    python benchmarks/bench_is_eval.py [--quick]
+"""
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import common  # noqa: E402
+
+SCRIPT = Path(__file__).resolve()
+GAMMA = 0.99
+
+
+# ----------------------------------------------------------------------------- data
+def make_data(n: int, horizon: int, seed: int = 0) -> dict:
+    """Logged episodes of random lengths (at least H/2), float32, as the [N, H] arrays is_eval takes."""
+    rng = np.random.default_rng(seed)
+    lengths = rng.integers(horizon // 2, horizon + 1, n)
+    mask = np.arange(horizon)[None] < lengths[:, None]
+    blp = np.log(rng.uniform(0.2, 1.0, (n, horizon))).astype(np.float32)
+    tlp = (blp + rng.normal(0.0, 0.1, (n, horizon))).astype(np.float32)
+    return dict(tlp=tlp, blp=blp, rewards=rng.normal(size=(n, horizon)).astype(np.float32), mask=mask,
+                q_hat=rng.normal(size=(n, horizon)).astype(np.float32),
+                v_hat=rng.normal(size=(n, horizon)).astype(np.float32))
+
+
+# ----------------------------------------------------------------------------- baselines
+def numpy_three(d, gamma=GAMMA) -> dict:
+    """Vectorised numpy, OIS, PDIS and WPDIS only (the issue's reference measurement)."""
+    mask = d["mask"]
+    w = np.cumprod(np.where(mask, np.exp(d["tlp"] - d["blp"]), 1.0), axis=1)
+    r = np.where(mask, d["rewards"], 0.0) * gamma ** np.arange(mask.shape[1])
+    return {"ois": np.mean(w[:, -1] * r.sum(1)), "pdis": np.mean((w * r).sum(1)),
+            "wpdis": np.sum((w * r).sum(0) / w.sum(0))}
+
+
+def numpy_all(d, gamma=GAMMA) -> dict:
+    """Vectorised numpy, every estimator and the ESS, direct products of ratios."""
+    mask = d["mask"]
+    n, horizon = mask.shape
+    w = np.cumprod(np.where(mask, np.exp(d["tlp"] - d["blp"]), 1.0), axis=1)
+    w_prev = np.concatenate([np.ones((n, 1), w.dtype), w[:, :-1]], axis=1)
+    disc = gamma ** np.arange(horizon)
+    r = np.where(mask, d["rewards"], 0.0)
+    rq, v = np.where(mask, d["rewards"] - d["q_hat"], 0.0), np.where(mask, d["v_hat"], 0.0)
+    ret, W = (r * disc).sum(1), w[:, -1]
+    s, s_prev = w.sum(0), w_prev.sum(0)
+    return {
+        "ois": np.mean(W * ret), "wis": np.sum(W * ret) / W.sum(), "pdis": np.mean((w * r) @ disc),
+        "wpdis": disc @ ((w * r).sum(0) / s), "ess": W.sum() ** 2 / (W**2).sum(),
+        "dr": np.mean((w * rq + w_prev * v) @ disc),
+        "wdr": disc @ ((w * rq).sum(0) / s + (w_prev * v).sum(0) / s_prev),
+    }
+
+
+def to_episode_objects(d) -> list:
+    """The array-of-structs layout the loop baseline starts from: one object per episode, its arrays
+    cut to its own length."""
+    from types import SimpleNamespace
+
+    lengths = d["mask"].sum(1)
+    return [SimpleNamespace(**{k: d[k][i, :length] for k in ("tlp", "blp", "rewards", "q_hat", "v_hat")})
+            for i, length in enumerate(lengths)]
+
+
+def python_loop(episodes, horizon: int, gamma=GAMMA) -> dict:
+    """The per-episode Python loop this file replaces: numpy inside each episode, the episodes one at
+    a time; per-step sums over episodes for the weighted per-decision estimators."""
+    n = len(episodes)
+    disc = gamma ** np.arange(horizon)
+    s, s_prev, wr, wrq, wv = (np.zeros(horizon) for _ in range(5))
+    ois = wis_num = wis_den = w2 = pdis = dr = 0.0
+    for ep in episodes:
+        length = len(ep.rewards)
+        w = np.cumprod(np.exp(ep.tlp - ep.blp))
+        w_prev = np.concatenate([[1.0], w[:-1]])
+        ret = ep.rewards @ disc[:length]
+        ois += w[-1] * ret
+        wis_num, wis_den, w2 = wis_num + w[-1] * ret, wis_den + w[-1], w2 + w[-1] ** 2
+        pdis += (w * ep.rewards) @ disc[:length]
+        dr += (w * (ep.rewards - ep.q_hat) + w_prev * ep.v_hat) @ disc[:length]
+        s[:length] += w
+        s[length:] += w[-1]  # an ended episode keeps its weight in the per-step normalisation
+        s_prev[:length] += w_prev
+        s_prev[length:] += w[-1]
+        wr[:length] += w * ep.rewards
+        wrq[:length] += w * (ep.rewards - ep.q_hat)
+        wv[:length] += w_prev * ep.v_hat
+    return {"ois": ois / n, "wis": wis_num / wis_den, "pdis": pdis / n, "wpdis": disc @ (wr / s),
+            "ess": wis_den**2 / w2, "dr": dr / n, "wdr": disc @ (wrq / s + wv / s_prev)}
+
+
+# ----------------------------------------------------------------------------- workers
+def worker(config: dict) -> dict:
+    """One workload in this process: {'first_s', 'median_s', 'episodes_per_s', 'max_rel_diff'}."""
+    kind, n, horizon, repeats = config["kind"], config["n"], config["horizon"], config["repeats"]
+    if kind == "sweep":
+        return sweep_worker(config)
+    d = make_data(n, horizon)
+    reference = numpy_all({k: v.astype(np.float64) if v.dtype == np.float32 else v for k, v in d.items()})
+    if kind == "python_loop":
+        episodes = to_episode_objects(d)
+        fn = lambda: python_loop(episodes, horizon)  # noqa: E731
+    elif kind == "numpy_three":
+        fn = lambda: numpy_three(d)  # noqa: E731
+    elif kind == "numpy_all":
+        fn = lambda: numpy_all(d)  # noqa: E731
+    else:
+        import jax
+
+        is_eval = common.import_algo("is_eval")
+        episodes = is_eval.Episodes(None, None, *(jax.device_put(d[k]) for k in ("rewards", "blp", "mask")))
+        tlp, q_hat, v_hat = (jax.device_put(d[k]) for k in ("tlp", "q_hat", "v_hat"))
+        if kind == "jax_all":
+            fn = lambda: is_eval.estimate(episodes, tlp, GAMMA, q_hat, v_hat)  # noqa: E731
+        else:  # jax_bootstrap: the per-episode rows and config["resamples"] resamples, one jitted call
+            boot = jax.jit(lambda key: is_eval.bootstrap_ci(
+                key, is_eval.episode_rows(episodes, tlp, GAMMA, q_hat, v_hat), GAMMA, config["resamples"]))
+            fn = lambda: jax.block_until_ready(boot(jax.random.PRNGKey(0)))  # noqa: E731
+    first, steady = common.time_calls(fn, repeats)
+    out = fn()
+    diff = max((abs(float(out[k]) - reference[k]) / max(abs(reference[k]), 1e-12) for k in out
+                if k in reference), default=float("nan"))
+    median = float(np.median(steady))
+    return {"first_s": first, "median_s": median, "episodes_per_s": n / median, "max_rel_diff": diff}
+
+
+def sweep_worker(config: dict) -> dict:
+    """The GridWorld sweep: bias, variance, MSE and coverage per estimator and n."""
+    is_eval = common.import_algo("is_eval")
+    args = is_eval.validate(is_eval.Args(dataset_sizes=tuple(config["sizes"]), num_datasets=config["datasets"],
+                                         sweep_bootstrap=config["resamples"], track=False))
+    value = float(is_eval.gridworld_problem(args).value)
+    _, metrics, timing = is_eval.run(args)
+    stats = is_eval.sweep_stats(metrics, value)
+    return {"value": value, "timing": timing,
+            "stats": {name: {k: [float(x) for x in v] for k, v in s.items()} for name, s in stats.items()}}
+
+
+# ----------------------------------------------------------------------------- tables
+SPEED = [  # (kind, what it computes)
+    ("python_loop", "all + ESS"),
+    ("numpy_three", "OIS, PDIS, WPDIS"),
+    ("numpy_all", "all + ESS"),
+    ("jax_all", "all + ESS"),
+    ("jax_bootstrap", "95% CIs of all"),
+]
+NAMES = {"python_loop": "Python loop over episode objects", "numpy_three": "numpy, vectorised",
+         "numpy_all": "numpy, vectorised", "jax_all": "is_eval.estimate (JAX, jitted)",
+         "jax_bootstrap": "is_eval bootstrap (JAX, jitted)"}
+
+
+def run(quick: bool) -> str:
+    n, horizon = (20_000, 100) if quick else (100_000, 100)
+    resamples = 200 if quick else 1000
+    results = {}
+    for kind, _ in SPEED:
+        config = {"kind": kind, "n": n, "horizon": horizon, "resamples": resamples,
+                  "repeats": 3 if kind in ("python_loop", "jax_bootstrap") else 7}
+        if kind == "python_loop" and not quick:
+            config["n"] = 20_000  # the loop's time is linear in N; measured on a fifth of it
+        results[kind] = common.run_worker(SCRIPT, config)
+    numpy_rate = results["numpy_all"]["episodes_per_s"]
+    rows = []
+    for kind, what in SPEED:
+        r = results[kind]
+        n_used = 20_000 if kind == "python_loop" else n
+        label = NAMES[kind] + (f" ({resamples} resamples)" if kind == "jax_bootstrap" else "")
+        rows.append([label, what, f"{n_used:,} x {horizon}", f"{r['first_s']:.2f}", f"{r['median_s'] * 1e3:.1f}",
+                     f"{r['episodes_per_s'] / 1e6:.3f}M", f"{r['episodes_per_s'] / numpy_rate:.2f}x",
+                     f"{r['max_rel_diff']:.1e}", f"{r['peak_rss_mib']:.0f}"])
+    speed = common.md_table(
+        ["implementation", "estimators", "episodes x H", "first call s", "median ms", "episodes/s",
+         "vs numpy (all)", "max rel. diff vs float64", "peak RSS MiB"], rows)
+
+    sizes = [10, 100, 1000] if quick else [10, 100, 1000, 10000]
+    datasets = 20 if quick else 100
+    sweep = common.run_worker(SCRIPT, {"kind": "sweep", "sizes": sizes, "datasets": datasets,
+                                       "resamples": 50 if quick else 200, "n": 0, "horizon": 0, "repeats": 0})
+    rows = []
+    for name, s in sweep["stats"].items():
+        for j, size in enumerate(sizes):
+            rows.append([name.upper(), size, f"{s['bias'][j]:+.4f}", f"{np.sqrt(s['variance'][j]):.4f}",
+                         f"{s['mse'][j]:.3g}", f"{s['coverage'][j]:.2f}"])
+    accuracy = common.md_table(["estimator", "n", "bias", "std", "MSE", "95% CI coverage"], rows)
+    is_eval = common.import_algo("is_eval")
+    common.RESULTS.mkdir(parents=True, exist_ok=True)
+    plot = common.RESULTS / "is_eval_mse_vs_n.png"
+    is_eval.plot_mse({k: {"mse": np.array(v["mse"])} for k, v in sweep["stats"].items()}, sizes, str(plot))
+    timing = sweep["timing"]
+    return "\n\n".join([
+        f"### is_eval: episodes per second, N = {n:,}, H = {horizon} (median of several calls after a warm-up)",
+        speed,
+        f"### is_eval: GridWorld sweep, exact V^pi = {sweep['value']:.4f}, {datasets} datasets per n "
+        f"(compile {timing['compile_s']:.1f} s, run {timing['run_s']:.1f} s)",
+        accuracy,
+        f"![MSE against n]({plot.relative_to(common.ROOT / 'benchmarks')})",
+    ])
+
+
+if __name__ == "__main__":
+    if not common.worker_entry(worker):
+        started = time.perf_counter()
+        print(common.machine_header())
+        print()
+        print(run(quick="--quick" in sys.argv))
+        print(f"\n(benchmark wall time {time.perf_counter() - started:.0f} s)")

@@ -1,0 +1,435 @@
+"""Off-policy evaluation: the estimators against enumeration and a plain numpy reference, the exact
+identities, numerical robustness, the sweep's statistics and layouts, the command line."""
+import dataclasses
+import itertools
+import re
+import types
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import is_eval
+from conftest import assert_usage_error, read_scalars, run_script
+
+WEIGHTED = ("wis", "wpdis", "wdr")
+
+
+# ----------------------------------------------------------------------------- references
+def numpy_estimates(tlp, blp, rewards, mask, gamma, q_hat=None, v_hat=None):
+    """The estimators as the issue writes them, with direct products of ratios, in float64."""
+    tlp, blp, rewards, q_hat, v_hat = (None if x is None else np.asarray(x, np.float64)
+                                       for x in (tlp, blp, rewards, q_hat, v_hat))
+    mask = np.asarray(mask, bool)
+    n, horizon = rewards.shape
+    rho = np.where(mask, np.exp(np.where(mask, tlp - blp, 0.0)), 1.0)
+    w = np.cumprod(rho, axis=1)  # w_{0:t}
+    w_prev = np.concatenate([np.ones((n, 1)), w[:, :-1]], axis=1)  # w_{0:t-1}
+    r = np.where(mask, rewards, 0.0)
+    disc = gamma ** np.arange(horizon)
+    ret, W = (r * disc).sum(1), w[:, -1]
+    out = {
+        "ois": np.mean(W * ret),
+        "wis": np.sum(W * ret) / np.sum(W),
+        "pdis": np.mean((disc * w * r).sum(1)),
+        "wpdis": np.sum(disc * (w * r).sum(0) / w.sum(0)),
+        "ess": W.sum() ** 2 / (W**2).sum(),
+    }
+    if q_hat is not None:
+        q, v = np.where(mask, q_hat, 0.0), np.where(mask, v_hat, 0.0)
+        out["dr"] = np.mean((disc * (w * (r - q) + w_prev * v)).sum(1))
+        out["wdr"] = np.sum(disc * ((w / w.sum(0)) * (r - q) + (w_prev / w_prev.sum(0)) * v))
+    return out
+
+
+def random_data(rng, n, horizon, *, spread=0.5, min_len=1, model=True):
+    """Off-policy episodes of random lengths; padding holds garbage (even -inf and NaN). Log-probs
+    are multiples of 2^-10, so that float32 sums of them (and shifts by whole numbers) are exact."""
+    lengths = rng.integers(min_len, horizon + 1, n)
+    mask = np.arange(horizon)[None] < lengths[:, None]
+    blp = np.round(np.log(rng.uniform(0.1, 1.0, (n, horizon))) * 1024) / 1024
+    tlp = blp + np.round(rng.normal(0.0, spread, (n, horizon)) * 1024) / 1024
+    rewards = rng.normal(size=(n, horizon))
+    q_hat, v_hat = rng.normal(size=(n, horizon)), rng.normal(size=(n, horizon))
+    for x, junk in ((blp, -np.inf), (tlp, 3.0), (rewards, np.nan), (q_hat, np.nan), (v_hat, 1e30)):
+        x[~mask] = junk
+    episodes = is_eval.Episodes(np.zeros((n, horizon, 2), np.float32), np.zeros((n, horizon), np.int32),
+                                rewards.astype(np.float32), blp.astype(np.float32), mask)
+    extra = (q_hat.astype(np.float32), v_hat.astype(np.float32)) if model else (None, None)
+    return episodes, tlp.astype(np.float32), *extra
+
+
+def as_floats(d):
+    return {k: float(v) for k, v in d.items()}
+
+
+def assert_matches(got, want, rtol, atol=1e-7, keys=None):
+    for k in keys or want:
+        np.testing.assert_allclose(float(got[k]), want[k], rtol=rtol, atol=atol, err_msg=k)
+
+
+def single_episode_estimates(episodes, tlp, gamma, q_hat, v_hat):
+    """Every episode as its own dataset (n = 1), vmapped: [fast path, bootstrap rows]."""
+    one = lambda x: x[None]  # noqa: E731
+
+    def fast(ep, t, q, v):
+        return is_eval.estimators(jax.tree.map(one, ep), one(t), gamma, one(q), one(v))[0]
+
+    def rows(ep, t, q, v):
+        r = is_eval.episode_rows(jax.tree.map(one, ep), one(t), gamma, one(q), one(v))
+        return is_eval.from_sums(is_eval.weighted_sums(r, jnp.ones(1, r.w.dtype)), 1, gamma)
+
+    return [jax.jit(jax.vmap(f))(episodes, tlp, q_hat, v_hat) for f in (fast, rows)]
+
+
+# ----------------------------------------------------------------------------- exact identities
+def test_enumeration_expectations_are_exact():
+    """On a tiny random MDP (S=3, A=2, H=4), weight every trajectory by its behaviour probability:
+    E[OIS] = E[PDIS] = E[DR with an arbitrary Q-hat] = V^pi and E[WIS with n = 1] = V^b, to 1e-6."""
+    rng = np.random.default_rng(0)
+    S, A, H, gamma = 3, 2, 4, 0.9
+    P = rng.dirichlet(np.ones(S), size=(S, A))
+    R = rng.normal(size=(S, A))
+    d0 = rng.dirichlet(np.ones(S))
+    pi, b = rng.dirichlet(np.ones(A), size=S), rng.dirichlet(np.ones(A), size=S)
+    q_table = rng.normal(size=(H, S, A))  # arbitrary; V-hat is its expectation under pi
+    v_table = (q_table * pi).sum(-1)
+
+    trajectories = list(itertools.product(range(S), repeat=H))
+    actions = list(itertools.product(range(A), repeat=H))
+    s = np.array([st for st in trajectories for _ in actions])  # [N, H]
+    a = np.array([at for _ in trajectories for at in actions])
+    t = np.arange(H)
+    p_dyn = d0[s[:, 0]] * np.prod(P[s[:, :-1], a[:, :-1], s[:, 1:]], axis=1)
+    p_b, p_pi = p_dyn * np.prod(b[s, a], 1), p_dyn * np.prod(pi[s, a], 1)
+    ret = (gamma**t * R[s, a]).sum(1)
+    v_pi, v_b = p_pi @ ret, p_b @ ret
+    assert np.isclose(p_b.sum(), 1.0) and np.isclose(p_pi.sum(), 1.0)
+
+    with jax.enable_x64(True):
+        f64 = lambda x: jnp.asarray(x, jnp.float64)  # noqa: E731
+        episodes = is_eval.Episodes(jnp.asarray(s), jnp.asarray(a), f64(R[s, a]), f64(np.log(b[s, a])),
+                                    jnp.ones(s.shape, bool))
+        for est in single_episode_estimates(episodes, f64(np.log(pi[s, a])), gamma,
+                                            f64(q_table[t, s, a]), f64(v_table[t, s])):
+            assert est["ois"].dtype == jnp.float64
+            expect = {k: float(p_b @ np.asarray(v)) for k, v in est.items()}
+            for k in ("ois", "pdis", "dr"):
+                assert abs(expect[k] - v_pi) < 1e-6, (k, expect[k], v_pi)
+            for k in ("wis", "wpdis"):
+                assert abs(expect[k] - v_b) < 1e-6, (k, expect[k], v_b)
+    assert abs(v_pi - v_b) > 0.05  # the two values differ, so the checks above tell them apart
+
+
+def test_dr_with_exact_q_is_exact_on_every_episode():
+    """Deterministic MDP, exact Q^pi: DR and WDR return V^pi on every single episode."""
+    rng = np.random.default_rng(1)
+    S, A, H, gamma, n = 4, 3, 6, 0.9, 200
+    nxt, R = rng.integers(0, S, (S, A)), rng.normal(size=(S, A))
+    pi, b = rng.dirichlet(np.ones(A), size=S), rng.dirichlet(np.ones(A), size=S)
+    q = np.zeros((H, S, A))  # backward induction
+    v_next = np.zeros(S)
+    for t in reversed(range(H)):
+        q[t] = R + gamma * v_next[nxt]
+        v_next = (pi * q[t]).sum(-1)
+    v_pi = v_next[0]
+    s, a = np.zeros((n, H), int), np.zeros((n, H), int)
+    for t in range(H):
+        a[:, t] = [rng.choice(A, p=b[x]) for x in s[:, t]]
+        if t + 1 < H:
+            s[:, t + 1] = nxt[s[:, t], a[:, t]]
+    t = np.arange(H)
+    episodes = is_eval.Episodes(s, a, R[s, a].astype(np.float32), np.log(b[s, a]).astype(np.float32),
+                                np.ones((n, H), bool))
+    data = (episodes, np.log(pi[s, a]).astype(np.float32), gamma,
+            q[t, s, a].astype(np.float32), (pi * q).sum(-1)[t, s].astype(np.float32))
+    est = single_episode_estimates(*data)[0]
+    np.testing.assert_allclose(est["dr"], v_pi, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(est["wdr"], v_pi, rtol=1e-5, atol=1e-5)
+    assert np.std(np.asarray(est["ois"])) > 0.1  # plain importance sampling is not exact
+    whole = is_eval.estimate(*data)
+    np.testing.assert_allclose([whole["dr"], whole["wdr"]], v_pi, rtol=1e-5)
+
+
+def test_on_policy_equals_monte_carlo_mean():
+    """pi = b: OIS, WIS, PDIS and WPDIS all equal the mean discounted return, variable lengths and
+    garbage in the padding included."""
+    rng = np.random.default_rng(2)
+    episodes, _, _, _ = random_data(rng, 200, 10)
+    tlp = np.where(episodes.mask, episodes.behaviour_log_prob, 5.0)
+    mc = (np.where(episodes.mask, episodes.rewards, 0.0) * 0.97 ** np.arange(10)).sum(1).mean()
+    est = as_floats(is_eval.estimate(episodes, tlp, 0.97))
+    for k in ("ois", "wis", "pdis", "wpdis"):
+        np.testing.assert_allclose(est[k], mc, rtol=1e-5, atol=1e-6, err_msg=k)
+    np.testing.assert_allclose(est["ess"], 200, rtol=1e-5)
+
+
+# ----------------------------------------------------------------------------- against numpy
+@pytest.mark.parametrize("n", [500, 2 * is_eval.CHUNK + 123])
+def test_log_space_matches_direct_products(n):
+    """Where direct products are finite, log space agrees with them (float64 numpy reference), for
+    the fast path (with blocks of very different weight scales to merge) and the bootstrap rows,
+    including rows counted several times as in a resample."""
+    rng = np.random.default_rng(3)
+    episodes, tlp, q_hat, v_hat = random_data(rng, n, 15)
+    tlp[n // 2:] += 0.5 * episodes.mask[n // 2:]  # the second half weighs e^{0.5 per step} more
+    gamma = 0.95
+    want = numpy_estimates(tlp, episodes.behaviour_log_prob, episodes.rewards, episodes.mask, gamma, q_hat, v_hat)
+    assert_matches(is_eval.estimate(episodes, tlp, gamma, q_hat, v_hat), want, rtol=2e-4)
+    rows = jax.jit(is_eval.episode_rows)(episodes, tlp, gamma, q_hat, v_hat)
+    assert_matches(is_eval.from_sums(is_eval.weighted_sums(rows, jnp.ones(n)), n, gamma), want, rtol=2e-4)
+
+    counts = rng.multinomial(n, np.ones(n) / n)  # one bootstrap resample
+    idx = np.repeat(np.arange(n), counts)
+    resampled = [np.asarray(x)[idx] for x in (tlp, episodes.behaviour_log_prob, episodes.rewards, episodes.mask, q_hat, v_hat)]
+    want = numpy_estimates(*resampled[:4], gamma, *resampled[4:])
+    got = is_eval.from_sums(is_eval.weighted_sums(rows, jnp.asarray(counts, jnp.float32)), n, gamma)
+    assert_matches(got, want, rtol=2e-4)
+
+
+def test_padding_scaling_and_zero_model():
+    """Padding more steps changes no estimate; scaling every ratio leaves the weighted ones (and the
+    ESS) unchanged even past float32's range; DR with Q-hat = V-hat = 0 is PDIS, WDR is WPDIS."""
+    rng = np.random.default_rng(4)
+    episodes, tlp, q_hat, v_hat = random_data(rng, 200, 10)
+    gamma = 0.9
+    base = as_floats(is_eval.estimate(episodes, tlp, gamma, q_hat, v_hat))
+
+    def pad(x, value):
+        return np.concatenate([x, np.full((x.shape[0], 7, *x.shape[2:]), value, x.dtype)], axis=1)
+
+    padded = is_eval.Episodes(pad(episodes.obs, 1.0), pad(episodes.actions, 3), pad(episodes.rewards, 9.0),
+                              pad(episodes.behaviour_log_prob, -np.inf), pad(episodes.mask, False))
+    longer = is_eval.estimate(padded, pad(tlp, 2.0), gamma, pad(q_hat, 4.0), pad(v_hat, 4.0))
+    assert_matches(longer, base, rtol=1e-5, atol=1e-6)
+
+    full, tlp_full, q_full, v_full = random_data(rng, 200, 10, min_len=10)  # every weight scales alike
+    base_full = as_floats(is_eval.estimate(full, tlp_full, gamma, q_full, v_full))
+    for per_step in (-30.0, 30.0):  # all weights scaled by e^{+-300}
+        scaled = as_floats(is_eval.estimate(full, tlp_full + per_step, gamma, q_full, v_full))
+        assert_matches(scaled, base_full, rtol=1e-5, atol=1e-6, keys=(*WEIGHTED, "ess"))
+
+    zero = np.zeros_like(q_hat)
+    est = as_floats(is_eval.estimate(episodes, tlp, gamma, zero, zero))
+    np.testing.assert_allclose(est["dr"], est["pdis"], rtol=1e-6)
+    np.testing.assert_allclose(est["wdr"], est["wpdis"], rtol=1e-6)
+
+
+def test_long_horizon_and_underflow_stay_finite():
+    """H = 1000 (the direct float32 product underflows) stays finite and correct; weights that all
+    underflow, or are exactly 0, give defined finite weighted estimates, never NaN."""
+    rng = np.random.default_rng(5)
+    n, horizon, gamma = 200, 1000, 0.99
+    episodes, tlp, q_hat, v_hat = random_data(rng, n, horizon, spread=0.3, min_len=900)
+    tlp = tlp + np.float32(np.log(0.8))
+    ratios = np.where(episodes.mask, np.exp(tlp - episodes.behaviour_log_prob), 1.0).astype(np.float32)
+    assert np.all(np.prod(ratios, axis=1) == 0)  # the direct product underflows in every episode
+    want = numpy_estimates(tlp, episodes.behaviour_log_prob, episodes.rewards, episodes.mask, gamma, q_hat, v_hat)
+    est = as_floats(is_eval.estimate(episodes, tlp, gamma, q_hat, v_hat))
+    assert all(np.isfinite(v) for v in est.values()), est
+    assert_matches(est, want, rtol=2e-3, atol=1e-6, keys=(*WEIGHTED, "ess", "pdis", "dr"))
+
+    small = random_data(rng, 200, 10)
+    under = as_floats(is_eval.estimate(small[0], small[1] - 200.0, gamma, *small[2:]))  # rho ~ e^-200
+    assert all(np.isfinite(v) for v in under.values()), under
+    full, tlp_full, q_full, v_full = random_data(rng, 200, 10, min_len=10)  # every weight scales alike
+    ref = as_floats(is_eval.estimate(full, tlp_full, gamma, q_full, v_full))
+    under = as_floats(is_eval.estimate(full, tlp_full - 200.0, gamma, q_full, v_full))
+    assert_matches(under, ref, rtol=1e-5, atol=1e-6, keys=(*WEIGHTED, "ess"))
+
+    zero = as_floats(is_eval.estimate(full, np.full_like(tlp_full, -np.inf), gamma, q_full, v_full))
+    assert all(np.isfinite(v) for v in zero.values()), zero
+    assert zero["wis"] == zero["ois"] == zero["ess"] == 0.0
+
+
+def test_bad_library_input():
+    rng = np.random.default_rng(6)
+    episodes, tlp, q_hat, v_hat = random_data(rng, 200, 10, min_len=10)
+    blp = episodes.behaviour_log_prob.copy()
+    blp[3, 4] = -np.inf
+    with pytest.raises(ValueError, match="episode 3, step 4"):
+        is_eval.estimate(episodes._replace(behaviour_log_prob=blp), tlp, 0.9)
+    for gamma in (-0.1, 1.5):
+        with pytest.raises(ValueError, match="gamma"):
+            is_eval.estimate(episodes, tlp, gamma)
+    with pytest.raises(ValueError, match="target_log_prob"):
+        is_eval.estimate(episodes, tlp[:, :9], 0.9)
+    with pytest.raises(ValueError, match="q_hat and v_hat"):
+        is_eval.estimate(episodes, tlp, 0.9, q_hat)
+    empty = jax.tree.map(lambda x: x[:0], episodes)
+    with pytest.raises(ValueError, match="N >= 1"):
+        is_eval.estimate(empty, tlp[:0], 0.9)
+
+
+# ----------------------------------------------------------------------------- the GridWorld
+def test_gridworld_exact_values():
+    """The exact values agree with a numpy backward induction and with a Monte Carlo run of the
+    file's own rollout, on-policy, within 4 standard errors."""
+    args = is_eval.Args()
+    problem = is_eval.gridworld_problem(args)
+    P, R = np.asarray(problem.mdp.P, np.float64), np.asarray(problem.mdp.R, np.float64)
+    assert np.allclose(P.sum(-1), 1.0)
+    for policy, value in ((problem.target, problem.value), (problem.behaviour, problem.behaviour_value)):
+        policy = np.asarray(policy, np.float64)
+        v = np.zeros(len(P))
+        for _ in range(is_eval.GRID_HORIZON):
+            v = (policy * (R + args.gamma * P @ v)).sum(-1)
+        np.testing.assert_allclose(value, v[problem.mdp.start], rtol=1e-5)
+        episodes, _ = jax.jit(is_eval.collect, static_argnums=(4, 5))(
+            jax.random.PRNGKey(0), problem.mdp, policy, policy, 50_000, is_eval.GRID_HORIZON)
+        ret = np.asarray((episodes.rewards * episodes.mask * args.gamma ** np.arange(is_eval.GRID_HORIZON)).sum(1))
+        assert abs(ret.mean() - value) < 4 * ret.std() / np.sqrt(len(ret)), (ret.mean(), value)
+
+
+# One sweep serves the statistics and the layout checks. Thresholds: what a correct implementation
+# reaches on this GridWorld with 400 datasets (MSE estimates of heavy-tailed IS have ~10% noise).
+SWEEP = dict(dataset_sizes=(100, 1000), num_datasets=400, sweep_bootstrap=200, track=False)
+MSE_RATIO = (6.0, 16.0)  # MSE(n = 100) / MSE(n = 1000) for the unbiased OIS and PDIS: 10 in theory
+COVERAGE = (0.88, 0.99)  # bootstrap 95% interval coverage of the weighted estimators at n = 1000
+
+
+@pytest.fixture(scope="module")
+def sweep():
+    args = is_eval.validate(is_eval.Args(**SWEEP))
+    _, metrics, _ = is_eval.run(args)
+    return args, jax.device_get(metrics)
+
+
+def test_sweep_statistics(sweep):
+    args, metrics = sweep
+    value = float(is_eval.gridworld_problem(args).value)
+    stats = is_eval.sweep_stats(metrics, value)
+    for name in ("ois", "pdis"):
+        ratio = stats[name]["mse"][0] / stats[name]["mse"][1]
+        assert MSE_RATIO[0] <= ratio <= MSE_RATIO[1], (name, stats[name]["mse"])
+    for name in WEIGHTED:
+        assert COVERAGE[0] <= stats[name]["coverage"][1] <= COVERAGE[1], (name, stats[name]["coverage"])
+    for name in is_eval.ESTIMATORS:  # every estimator is consistent: small bias at n = 1000
+        assert abs(stats[name]["bias"][1]) < 3 * np.sqrt(stats[name]["variance"][1] / args.num_datasets) + 0.01
+
+
+def test_sweep_layouts_and_determinism(sweep):
+    """Datasets 0-7 on one device (vmap alone) give the 2-device pmap answers to 1e-5; the same keys
+    give the same bits; another seed gives other datasets."""
+    args, metrics = sweep
+    assert jax.local_device_count() == 2
+    for k, v in metrics.items():
+        assert v.shape == (args.num_datasets, len(args.dataset_sizes)), k
+    one_device = jax.jit(jax.vmap(is_eval.make_train(args)))
+    keys = jax.random.split(jax.random.PRNGKey(args.seed), args.num_datasets)[:8]
+    first = jax.device_get(one_device(keys)[1])
+    for k, v in first.items():
+        np.testing.assert_allclose(v, metrics[k][:8], rtol=1e-5, atol=1e-6, err_msg=k)
+    again = jax.device_get(one_device(keys)[1])
+    assert all(np.array_equal(first[k], again[k]) for k in first)
+    other = jax.device_get(one_device(jax.random.split(jax.random.PRNGKey(args.seed + 1), 8))[1])
+    assert not np.allclose(first["estimate/wis"], other["estimate/wis"])
+
+
+# ----------------------------------------------------------------------------- command line
+def test_cli_gridworld(tmp_path, monkeypatch, capsys):
+    """The default experiment through main() and its real flags (in this process: it has the same two
+    devices, and saves a second start of JAX)."""
+    monkeypatch.setattr("sys.argv", ["is_eval.py", "--num-episodes", "300", "--dataset-sizes", "10", "50",
+                                     "--num-datasets", "4", "--num-bootstrap", "200", "--sweep-bootstrap", "20",
+                                     "--log-dir", str(tmp_path / "runs")])
+    is_eval.main()
+    out = capsys.readouterr().out
+    assert "exact V^pi = 0.2472" in out
+    table = re.findall(r"^\| (OIS|WIS|PDIS|WPDIS|DR|WDR) \| (\S+) \| \[(\S+), (\S+)\] \| (\S+) \| (\S+) \|$", out, re.M)
+    assert [row[0] for row in table] == ["OIS", "WIS", "PDIS", "WPDIS", "DR", "WDR"], out
+    for name, est, low, high, error, ess in table:
+        assert float(low) <= float(est) <= float(high) and 0 < float(ess) <= 300
+        assert abs(float(est) - float(error) - 0.2472) < 2e-4
+    assert "datasets     4 / 4" in out  # progress
+    (run_dir,) = (tmp_path / "runs").iterdir()
+    assert run_dir.name.startswith("GridWorld__is_eval__1__")
+    assert (run_dir / "mse_vs_n.png").stat().st_size > 1000
+    for name in is_eval.ESTIMATORS:
+        assert [step for step, _ in read_scalars(run_dir, f"ope/{name}/mse")] == [10, 50]
+
+
+def write_npz(path, episodes, tlp, **extra):
+    np.savez(path, **episodes._asdict(), target_log_prob=tlp, **extra)
+
+
+def test_cli_dataset(tmp_path):
+    rng = np.random.default_rng(7)
+    episodes, tlp, q_hat, v_hat = random_data(rng, 400, 9)
+    write_npz(tmp_path / "logged.npz", episodes, tlp, q_hat=q_hat, v_hat=v_hat)
+    proc = run_script("is_eval.py", "--dataset", tmp_path / "logged.npz", "--gamma", 0.9,
+                      "--num-bootstrap", 200, "--log-dir", tmp_path / "runs")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    printed = dict(re.findall(r"^\| (\w+) \| (\S+) \|", proc.stdout, re.M))
+    want = is_eval.estimate(episodes, tlp, 0.9, q_hat, v_hat)
+    for name in is_eval.ESTIMATORS:
+        assert abs(float(printed[name.upper()]) - float(want[name])) <= 1e-4, name
+    assert any((tmp_path / "runs").glob("logged__is_eval__1__*/events.out.tfevents.*"))
+
+
+def test_cli_bad_dataset(tmp_path):
+    rng = np.random.default_rng(8)
+    episodes, tlp, _, _ = random_data(rng, 10, 6, min_len=6)
+    write_npz(tmp_path / "short.npz", episodes, tlp[:, :5])
+    assert_usage_error("is_eval.py", ["--dataset", tmp_path / "short.npz"], "--dataset", tmp_path)
+    blp = episodes.behaviour_log_prob.copy()
+    blp[2, 3] = -np.inf
+    write_npz(tmp_path / "zero.npz", episodes._replace(behaviour_log_prob=blp), tlp)
+    assert_usage_error("is_eval.py", ["--dataset", tmp_path / "zero.npz"], "--dataset: episode 2, step 3", tmp_path)
+    with pytest.raises(is_eval.ArgError, match="--dataset"):
+        is_eval.load_dataset(is_eval.Args(dataset=str(tmp_path / "missing.npz")))
+
+
+@pytest.mark.parametrize("flags,flag", [
+    (["--gamma", "1.5"], "--gamma"),
+    (["--num-datasets", "3"], "--num-datasets"),
+])
+def test_cli_usage_errors(tmp_path, flags, flag):
+    assert_usage_error("is_eval.py", flags, flag, tmp_path)
+
+
+@pytest.mark.parametrize("field,value,flag", [
+    ("gamma", -0.1, "--gamma"), ("num_episodes", 0, "--num-episodes"),
+    ("dataset_sizes", (0, 10), "--dataset-sizes"), ("dataset_sizes", (), "--dataset-sizes"),
+    ("num_bootstrap", 1, "--num-bootstrap"), ("epsilon", 0.0, "--epsilon"),
+    ("target_temperature", 0.0, "--target-temperature"), ("horizon", 0, "--horizon"),
+])
+def test_validate(field, value, flag):
+    """The rest of the flag rules, checked without a process each (the CLI path is the same)."""
+    with pytest.raises(is_eval.ArgError, match=flag):
+        is_eval.validate(is_eval.Args(**{field: value}))
+
+
+# ----------------------------------------------------------------------------- --target-model
+@pytest.fixture(scope="module")
+def saved_model(tmp_path_factory):
+    """A model.msgpack written by ppo.py's own save_model, with freshly initialised parameters for 2
+    seeds (the file layout is what matters here, not how good the policy is)."""
+    import ppo
+
+    args = ppo.fill_defaults(ppo.Args(env_id="CartPole-v1", num_seeds=2, hidden_size=16, normalize_obs=True))
+    network = ppo.ActorCritic(2, False, args.hidden_size)
+    params = jax.vmap(lambda k: network.init(k, jnp.zeros(4)))(jax.random.split(jax.random.PRNGKey(0), 2))
+    stats = types.SimpleNamespace(mean=jnp.zeros((2, 4)), var=jnp.ones((2, 4)))
+    state = types.SimpleNamespace(train_state=types.SimpleNamespace(params=params), obs_stats=stats)
+    run_dir = tmp_path_factory.mktemp("ppo")
+    return ppo.save_model(str(run_dir), args, state)
+
+
+def test_target_model(saved_model, tmp_path, capsys):
+    args = is_eval.validate(is_eval.Args(
+        target_model=saved_model, model_seed=1, horizon=40, num_episodes=500, num_mc_episodes=5000,
+        num_bootstrap=200, epsilon=0.5, log_dir=str(tmp_path / "runs")))
+    is_eval.main_target_model(args, is_eval.load_target_model(args))
+    out = capsys.readouterr().out
+    mc = float(re.search(r"V\^pi = (\S+) \(95% CI", out).group(1))
+    rows = re.findall(r"^\| (OIS|WIS|PDIS|WPDIS) \| (\S+) \| \[(\S+), (\S+)\] \| (\S+) \|", out, re.M)
+    assert [r[0] for r in rows] == ["OIS", "WIS", "PDIS", "WPDIS"], out
+    for _, est, low, high, _ in rows:  # a near-uniform policy: every interval should hold the truth
+        assert float(low) - 0.05 <= mc <= float(high) + 0.05, out
+    assert any((tmp_path / "runs").glob("CartPole-v1__is_eval__1__*/events.out.tfevents.*"))
+    with pytest.raises(is_eval.ArgError, match="--model-seed"):
+        is_eval.load_target_model(is_eval.Args(target_model=saved_model, model_seed=2))
+    with pytest.raises(is_eval.ArgError, match="--target-model"):
+        is_eval.load_target_model(is_eval.Args(target_model=str(tmp_path / "nothing.msgpack")))
