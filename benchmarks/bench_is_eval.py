@@ -131,13 +131,14 @@ def worker(config: dict) -> dict:
         if kind == "jax_all":
             fn = lambda: is_eval.estimate(episodes, tlp, GAMMA, q_hat, v_hat)  # noqa: E731
         else:  # jax_bootstrap: the per-episode rows and config["resamples"] resamples, one jitted call
-            boot = jax.jit(lambda key: is_eval.bootstrap_ci(
-                key, is_eval.episode_rows(episodes, tlp, GAMMA, q_hat, v_hat), GAMMA, config["resamples"]))
-            fn = lambda: jax.block_until_ready(boot(jax.random.PRNGKey(0)))  # noqa: E731
+            boot = jax.jit(lambda key, *data: is_eval.bootstrap_ci(
+                key, is_eval.episode_rows(*data), GAMMA, config["resamples"]))
+            data = (episodes, tlp, GAMMA, q_hat, v_hat)
+            fn = lambda: jax.block_until_ready(boot(jax.random.PRNGKey(0), *data))  # noqa: E731
     first, steady = common.time_calls(fn, repeats)
     out = fn()
     diff = max((abs(float(out[k]) - reference[k]) / max(abs(reference[k]), 1e-12) for k in out
-                if k in reference), default=float("nan"))
+                if k in reference and np.ndim(out[k]) == 0), default=float("nan"))
     median = float(np.median(steady))
     return {"first_s": first, "median_s": median, "episodes_per_s": n / median, "max_rel_diff": diff}
 

@@ -3,6 +3,7 @@ identities, numerical robustness, the sweep's statistics and layouts, the comman
 import dataclasses
 import itertools
 import re
+import shutil
 import types
 
 import jax
@@ -309,14 +310,14 @@ def test_sweep_statistics(sweep):
         assert abs(stats[name]["bias"][1]) < 3 * np.sqrt(stats[name]["variance"][1] / args.num_datasets) + 0.01
 
 
-def test_sweep_layouts_and_determinism(sweep):
+def test_seed_sweep_layout_and_determinism(sweep):
     """Datasets 0-7 on one device (vmap alone) give the 2-device pmap answers to 1e-5; the same keys
     give the same bits; another seed gives other datasets."""
     args, metrics = sweep
     assert jax.local_device_count() == 2
     for k, v in metrics.items():
         assert v.shape == (args.num_datasets, len(args.dataset_sizes)), k
-    one_device = jax.jit(jax.vmap(is_eval.make_train(args)))
+    one_device = jax.jit(jax.vmap(is_eval.make_train(args)), compiler_options=is_eval.FAST_COMPILE)
     keys = jax.random.split(jax.random.PRNGKey(args.seed), args.num_datasets)[:8]
     first = jax.device_get(one_device(keys)[1])
     for k, v in first.items():
@@ -328,24 +329,38 @@ def test_sweep_layouts_and_determinism(sweep):
 
 
 # ----------------------------------------------------------------------------- command line
-def test_cli_gridworld(tmp_path, monkeypatch, capsys):
-    """The default experiment through main() and its real flags (in this process: it has the same two
-    devices, and saves a second start of JAX)."""
-    monkeypatch.setattr("sys.argv", ["is_eval.py", "--num-episodes", "300", "--dataset-sizes", "10", "50",
-                                     "--num-datasets", "4", "--num-bootstrap", "200", "--sweep-bootstrap", "20",
-                                     "--log-dir", str(tmp_path / "runs")])
-    is_eval.main()
-    out = capsys.readouterr().out
+def test_help_lists_every_flag_with_its_doc():
+    proc = run_script("is_eval.py", "--help")
+    assert proc.returncode == 0, proc.stderr
+    text = " ".join(proc.stdout.translate({ord(c): " " for c in "│╭╮╰╯─"}).split())
+    for field in dataclasses.fields(is_eval.Args):
+        flag = "--" + field.name.replace("_", "-")
+        assert flag in text, flag
+    for phrase in ["independent datasets per size n in the sweep", "discount factor of the value being",
+                   "bootstrap resamples for the table's confidence intervals"]:
+        assert phrase in text, phrase
+
+
+def test_copied_file_runs_alone_and_writes_outputs(tmp_path):
+    """A copy of the file alone in an empty folder: the default experiment, small, with its table,
+    progress, tensorboard scalars (step = n) and plot."""
+    folder = tmp_path / "alone"
+    folder.mkdir()
+    shutil.copy(is_eval.__file__, folder / "is_eval.py")
+    proc = run_script(folder / "is_eval.py", "--num-episodes", 300, "--dataset-sizes", 10, 50,
+                      "--num-datasets", 4, "--num-bootstrap", 200, "--sweep-bootstrap", 20, cwd=folder)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = proc.stdout
     assert "exact V^pi = 0.2472" in out
     table = re.findall(r"^\| (OIS|WIS|PDIS|WPDIS|DR|WDR) \| (\S+) \| \[(\S+), (\S+)\] \| (\S+) \| (\S+) \|$", out, re.M)
     assert [row[0] for row in table] == ["OIS", "WIS", "PDIS", "WPDIS", "DR", "WDR"], out
     for name, est, low, high, error, ess in table:
         assert float(low) <= float(est) <= float(high) and 0 < float(ess) <= 300
         assert abs(float(est) - float(error) - 0.2472) < 2e-4
-    assert "datasets     4 / 4" in out  # progress
-    (run_dir,) = (tmp_path / "runs").iterdir()
+    assert out.count("[is_eval] datasets") == 4  # a progress line every 10% of the datasets
+    (run_dir,) = (folder / "runs").iterdir()
     assert run_dir.name.startswith("GridWorld__is_eval__1__")
-    assert (run_dir / "mse_vs_n.png").stat().st_size > 1000
+    assert (run_dir / "mse_vs_n.png").stat().st_size > 10_000
     for name in is_eval.ESTIMATORS:
         assert [step for step, _ in read_scalars(run_dir, f"ope/{name}/mse")] == [10, 50]
 
@@ -354,21 +369,22 @@ def write_npz(path, episodes, tlp, **extra):
     np.savez(path, **episodes._asdict(), target_log_prob=tlp, **extra)
 
 
-def test_cli_dataset(tmp_path):
+def test_dataset_flag(tmp_path, monkeypatch, capsys):
+    """--dataset through main() (in this process): the printed table is estimate() on the file."""
     rng = np.random.default_rng(7)
     episodes, tlp, q_hat, v_hat = random_data(rng, 400, 9)
     write_npz(tmp_path / "logged.npz", episodes, tlp, q_hat=q_hat, v_hat=v_hat)
-    proc = run_script("is_eval.py", "--dataset", tmp_path / "logged.npz", "--gamma", 0.9,
-                      "--num-bootstrap", 200, "--log-dir", tmp_path / "runs")
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    printed = dict(re.findall(r"^\| (\w+) \| (\S+) \|", proc.stdout, re.M))
+    monkeypatch.setattr("sys.argv", ["is_eval.py", "--dataset", str(tmp_path / "logged.npz"), "--gamma", "0.9",
+                                     "--num-bootstrap", "200", "--log-dir", str(tmp_path / "runs")])
+    is_eval.main()
+    printed = dict(re.findall(r"^\| (\w+) \| (\S+) \|", capsys.readouterr().out, re.M))
     want = is_eval.estimate(episodes, tlp, 0.9, q_hat, v_hat)
     for name in is_eval.ESTIMATORS:
         assert abs(float(printed[name.upper()]) - float(want[name])) <= 1e-4, name
     assert any((tmp_path / "runs").glob("logged__is_eval__1__*/events.out.tfevents.*"))
 
 
-def test_cli_bad_dataset(tmp_path):
+def test_bad_dataset_is_one_line_exit_2(tmp_path):
     rng = np.random.default_rng(8)
     episodes, tlp, _, _ = random_data(rng, 10, 6, min_len=6)
     write_npz(tmp_path / "short.npz", episodes, tlp[:, :5])
@@ -377,49 +393,52 @@ def test_cli_bad_dataset(tmp_path):
     blp[2, 3] = -np.inf
     write_npz(tmp_path / "zero.npz", episodes._replace(behaviour_log_prob=blp), tlp)
     assert_usage_error("is_eval.py", ["--dataset", tmp_path / "zero.npz"], "--dataset: episode 2, step 3", tmp_path)
-    with pytest.raises(is_eval.ArgError, match="--dataset"):
-        is_eval.load_dataset(is_eval.Args(dataset=str(tmp_path / "missing.npz")))
 
 
-@pytest.mark.parametrize("flags,flag", [
+@pytest.mark.parametrize("flags, flag", [
     (["--gamma", "1.5"], "--gamma"),
+    (["--gamma", "-0.1"], "--gamma"),
+    (["--num-episodes", "0"], "--num-episodes"),
+    (["--dataset-sizes", "0", "10"], "--dataset-sizes"),
     (["--num-datasets", "3"], "--num-datasets"),
+    (["--num-bootstrap", "1"], "--num-bootstrap"),
+    (["--horizon", "0"], "--horizon"),
+    (["--epsilon", "1.5"], "--epsilon"),
+    (["--dataset", "missing.npz"], "--dataset"),
+    (["--target-model", "missing.msgpack"], "--target-model"),
 ])
-def test_cli_usage_errors(tmp_path, flags, flag):
+def test_bad_input_is_one_line_exit_2(flags, flag, tmp_path):
     assert_usage_error("is_eval.py", flags, flag, tmp_path)
 
 
-@pytest.mark.parametrize("field,value,flag", [
-    ("gamma", -0.1, "--gamma"), ("num_episodes", 0, "--num-episodes"),
-    ("dataset_sizes", (0, 10), "--dataset-sizes"), ("dataset_sizes", (), "--dataset-sizes"),
-    ("num_bootstrap", 1, "--num-bootstrap"), ("epsilon", 0.0, "--epsilon"),
-    ("target_temperature", 0.0, "--target-temperature"), ("horizon", 0, "--horizon"),
-])
-def test_validate(field, value, flag):
-    """The rest of the flag rules, checked without a process each (the CLI path is the same)."""
-    with pytest.raises(is_eval.ArgError, match=flag):
-        is_eval.validate(is_eval.Args(**{field: value}))
+def test_cli_usage_error_exit_code(tmp_path):
+    proc = run_script("is_eval.py", "--gamma", "1.5", "--log-dir", tmp_path / "runs", cwd=tmp_path)
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == "error: --gamma must be in [0, 1] (got 1.5)"
+    assert not (tmp_path / "runs").exists()
 
 
 # ----------------------------------------------------------------------------- --target-model
-@pytest.fixture(scope="module")
-def saved_model(tmp_path_factory):
-    """A model.msgpack written by ppo.py's own save_model, with freshly initialised parameters for 2
-    seeds (the file layout is what matters here, not how good the policy is)."""
+def save_ppo_model(folder, env_id, num_actions, continuous):
+    """A model.msgpack written by ppo.py's own save_model for 2 seeds, with small random parameters in
+    its network's tree (the file layout is what matters here, not how good the policy is)."""
     import ppo
 
-    args = ppo.fill_defaults(ppo.Args(env_id="CartPole-v1", num_seeds=2, hidden_size=16, normalize_obs=True))
-    network = ppo.ActorCritic(2, False, args.hidden_size)
-    params = jax.vmap(lambda k: network.init(k, jnp.zeros(4)))(jax.random.split(jax.random.PRNGKey(0), 2))
-    stats = types.SimpleNamespace(mean=jnp.zeros((2, 4)), var=jnp.ones((2, 4)))
+    args = ppo.fill_defaults(ppo.Args(env_id=env_id, num_seeds=2, hidden_size=16, normalize_obs=True))
+    network = ppo.ActorCritic(num_actions, continuous, args.hidden_size)
+    obs_dim = 4 if env_id == "CartPole-v1" else 3
+    shapes = jax.eval_shape(network.init, jax.random.PRNGKey(0), jnp.zeros(obs_dim))
+    rng = np.random.default_rng(9)
+    params = jax.tree.map(lambda x: rng.normal(0.0, 0.3, (2, *x.shape)).astype(np.float32), shapes)
+    stats = types.SimpleNamespace(mean=rng.normal(size=(2, obs_dim)), var=rng.uniform(0.5, 2.0, (2, obs_dim)))
     state = types.SimpleNamespace(train_state=types.SimpleNamespace(params=params), obs_stats=stats)
-    run_dir = tmp_path_factory.mktemp("ppo")
-    return ppo.save_model(str(run_dir), args, state)
+    return ppo.save_model(str(folder), args, state)
 
 
-def test_target_model(saved_model, tmp_path, capsys):
+def test_target_model(tmp_path, capsys):
+    saved = save_ppo_model(tmp_path / "cartpole", "CartPole-v1", 2, False)
     args = is_eval.validate(is_eval.Args(
-        target_model=saved_model, model_seed=1, horizon=40, num_episodes=500, num_mc_episodes=5000,
+        target_model=saved, model_seed=1, horizon=40, num_episodes=500, num_mc_episodes=5000,
         num_bootstrap=200, epsilon=0.5, log_dir=str(tmp_path / "runs")))
     is_eval.main_target_model(args, is_eval.load_target_model(args))
     out = capsys.readouterr().out
@@ -430,6 +449,7 @@ def test_target_model(saved_model, tmp_path, capsys):
         assert float(low) - 0.05 <= mc <= float(high) + 0.05, out
     assert any((tmp_path / "runs").glob("CartPole-v1__is_eval__1__*/events.out.tfevents.*"))
     with pytest.raises(is_eval.ArgError, match="--model-seed"):
-        is_eval.load_target_model(is_eval.Args(target_model=saved_model, model_seed=2))
-    with pytest.raises(is_eval.ArgError, match="--target-model"):
-        is_eval.load_target_model(is_eval.Args(target_model=str(tmp_path / "nothing.msgpack")))
+        is_eval.load_target_model(is_eval.Args(target_model=saved, model_seed=2))
+    pendulum = save_ppo_model(tmp_path / "pendulum", "Pendulum-v1", 1, True)
+    with pytest.raises(is_eval.ArgError, match="--target-model: Pendulum-v1 has continuous actions"):
+        is_eval.load_target_model(is_eval.Args(target_model=pendulum))
