@@ -1,0 +1,193 @@
+"""Speed of algos/q_learning.py: agent-steps per second after compile for 1 to 65536 agents, peak
+memory, and a plain-numpy per-step loop of the same algorithm as the baseline.
+
+Every workload runs in its own process (common.run_worker), so its compile time and peak memory
+are its own. The process gets 2 host devices, one per core: a workload of N >= 2 agents runs as 2
+seeds (one per device) of N/2 agents, so the rate is the aggregate over both cores.
+
+    python benchmarks/bench_q_learning.py [--quick]
+"""
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import common  # noqa: E402
+
+SCRIPT = Path(__file__).resolve()
+TWO_DEVICES = {"XLA_FLAGS": "--xla_force_host_platform_device_count=2"}
+AGENT_COUNTS = (1, 30, 1024, 8192, 65536)
+
+
+# ----------------------------------------------------------------------------- workers
+def jax_workload(config: dict) -> dict:
+    """Compile the whole run once, then time several runs of it (the steady state)."""
+    ql = common.import_algo("q_learning")
+    if config["small_loops"]:
+        ql.compile_small_loops_whole()  # what `python algos/q_learning.py` does first
+    import dataclasses
+
+    import jax
+
+    ql.report_progress = lambda *a: None  # the progress lines are not part of the measurement
+    agents = config["agents"]
+    seeds = 2 if agents >= 2 else 1
+    args = dataclasses.replace(
+        ql.Args(track=False), num_agents=agents // seeds, num_seeds=seeds,
+        total_timesteps=config["steps"], num_steps=min(1_000, config["steps"]))
+    keys = jax.random.split(jax.random.PRNGKey(0), seeds).reshape(seeds, 1, 2)
+    t0 = time.perf_counter()
+    compiled = jax.pmap(jax.vmap(ql.make_train(args)), devices=jax.local_devices()[:seeds]) \
+        .lower(keys).compile(ql.COMPILER_OPTIONS)
+    compile_s = time.perf_counter() - t0
+    last = {}
+
+    def call():
+        last["state"], last["metrics"] = jax.block_until_ready(compiled(keys))
+
+    _, steady = common.time_calls(call, config["repeats"])
+    metrics = last["metrics"]
+    total = agents * config["steps"]
+    return {"compile_s": compile_s, "steady_s": steady, "rate": total / float(np.median(steady)),
+            "best": total / min(steady), "seeds": seeds,
+            "greedy_optimal": float(np.asarray(metrics["stats/greedy_optimal"])[:, :, -1].mean())}
+
+
+def numpy_workload(config: dict) -> dict:
+    """The same algorithm on the same GridWorld as a plain per-step numpy loop (one agent)."""
+    ql = common.import_algo("q_learning")
+    args = ql.Args()
+    world = ql.make_gridworld(args)
+    rng = np.random.default_rng(0)
+    q = np.zeros(world.next_cell.shape)
+    visited = np.zeros(world.next_cell.shape, bool)
+    steps, explore_steps = config["steps"], args.exploration_fraction * config["steps"]
+    cell, time_in_episode = world.start, 0
+    t0 = time.perf_counter()
+    for t in range(steps):
+        epsilon = args.start_e + (args.end_e - args.start_e) * min(t / explore_steps, 1.0)
+        lr = args.learning_rate * (1 - t / steps)
+        row = q[cell]
+        if rng.random() < epsilon:
+            action = rng.integers(4)
+        else:  # greedy, ties broken at random
+            best = np.flatnonzero(row == row.max())
+            action = best[rng.integers(len(best))]
+        move = rng.integers(4) if rng.random() < world.slip else action
+        next_cell = world.next_cell[cell, move]
+        terminated = next_cell == world.goal
+        time_in_episode += 1
+        target = float(terminated) + args.gamma * (0.0 if terminated else q[next_cell].max())
+        q[cell, action] += lr * (target - q[cell, action])
+        visited[cell, action] = True
+        if terminated or time_in_episode >= world.max_steps:
+            cell, time_in_episode = world.start, 0
+        else:
+            cell = next_cell
+    run_s = time.perf_counter() - t0
+    return {"rate": steps / run_s, "run_s": run_s}
+
+
+def worker(config: dict) -> dict:
+    return numpy_workload(config) if config["kind"] == "numpy" else jax_workload(config)
+
+
+# ----------------------------------------------------------------------------- table
+def steps_for(agents: int, quick: bool) -> int:
+    """Steps per agent: about 2e7 agent-steps per timed run (4e6 quick), between 1e3 and 2e6."""
+    budget = 4e6 if quick else 2e7
+    return int(np.clip(budget / agents, 1_000, 2_000_000) // 1_000 * 1_000)
+
+
+def run(quick: bool) -> str:
+    repeats = 2 if quick else 5
+    rows, rates = [], {}
+    numpy_steps = 20_000 if quick else 100_000
+    base = common.run_worker(SCRIPT, {"kind": "numpy", "steps": numpy_steps})
+    rows.append(["plain numpy loop (baseline)", 1, f"{numpy_steps:,}", "n/a", base["rate"] / 1e6,
+                 "n/a", base["peak_rss_mib"]])
+    for agents in AGENT_COUNTS:
+        steps = steps_for(agents, quick)
+        result = common.run_worker(SCRIPT, {"kind": "jax", "agents": agents, "steps": steps,
+                                            "repeats": repeats, "small_loops": True},
+                                   env=TWO_DEVICES)
+        rates[agents] = result["rate"]
+        layout = f"{result['seeds']} x {agents // result['seeds']}"
+        rows.append([f"q_learning.py, {layout} agents", agents, f"{steps:,}", result["compile_s"],
+                     result["rate"] / 1e6, result["best"] / 1e6, result["peak_rss_mib"]])
+    headers = ["workload (devices x agents per device)", "agents", "steps per agent", "compile s",
+               "M agent-steps/s (median)", "M agent-steps/s (best)", "peak RSS MiB"]
+    table = common.md_table(headers, rows)
+    notes = [
+        "",
+        f"Default 6x6 GridWorld maze; {repeats} timed runs after a compile and a warm-up run. "
+        f"Reference (from the issue, same machine, not rerun here): the seed article's vmapped JAX "
+        f"Q-learning (RPegoud/jax_rl) at 0.10 M steps/s for 1 agent and 0.39 M for 30, 13.7 GiB "
+        f"peak memory (it keeps every step's Q-table). Speedup over the numpy loop: "
+        f"{rates[1] / base['rate']:.0f}x for 1 agent, {max(rates.values()) / base['rate']:,.0f}x "
+        f"at best.",
+    ]
+    parts = [table, "\n".join(notes)]
+    if not quick:
+        parts.append(memory_table(repeats))
+        parts.append(small_loops_table(repeats))
+    save_plot(rates, base["rate"])
+    return "\n\n".join(parts)
+
+
+def memory_table(repeats: int) -> str:
+    """Peak memory does not grow with the number of steps: the same 8192 agents for 1x to 8x."""
+    rows = []
+    for factor in (1, 8):
+        steps = 2_000 * factor
+        result = common.run_worker(SCRIPT, {"kind": "jax", "agents": 8192, "steps": steps,
+                                            "repeats": 1, "small_loops": True}, env=TWO_DEVICES)
+        rows.append([8192, f"{steps:,}", f"{8192 * steps:,}", result["rate"] / 1e6,
+                     result["peak_rss_mib"]])
+    return common.md_table(["agents", "steps per agent", "agent-steps", "M agent-steps/s",
+                            "peak RSS MiB"], rows)
+
+
+def small_loops_table(repeats: int) -> str:
+    """What compile_small_loops_whole() buys: XLA's default runs each op of a small loop body as a
+    separate call; with it, one agent's whole step loop is compiled as one native loop."""
+    rows = []
+    for agents in (1, 30):
+        steps = steps_for(agents, quick=True)
+        for small_loops in (False, True):
+            result = common.run_worker(SCRIPT, {"kind": "jax", "agents": agents, "steps": steps,
+                                                "repeats": repeats, "small_loops": small_loops},
+                                       env=TWO_DEVICES)
+            rows.append([agents, "raised to 100 kB" if small_loops else "XLA default (1 kB)",
+                         result["rate"] / 1e6])
+    return common.md_table(["agents", "small-while-loop limit", "M agent-steps/s (median)"], rows)
+
+
+def save_plot(rates: dict, numpy_rate: float):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    common.RESULTS.mkdir(parents=True, exist_ok=True)
+    fig, ax = plt.subplots(figsize=(6, 4))
+    agents = sorted(rates)
+    ax.loglog(agents, [rates[n] for n in agents], "o-", label="q_learning.py (2 cores)")
+    ax.axhline(numpy_rate, color="gray", ls="--", label="plain numpy loop, 1 agent")
+    ax.set_xlabel("agents")
+    ax.set_ylabel("agent-steps per second")
+    ax.set_title("Tabular Q-learning throughput")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(common.RESULTS / "q_learning_speed.png", dpi=100)
+    plt.close(fig)
+
+
+if __name__ == "__main__":
+    if not common.worker_entry(worker):
+        print(common.machine_header())
+        print()
+        print(run(quick="--quick" in sys.argv))

@@ -1,0 +1,56 @@
+"""The benchmark pipeline: one command writes parseable tables and plots; the README shows them."""
+import subprocess
+import sys
+
+import pytest
+
+from conftest import ROOT
+
+QUICK_SECTION = "q_learning"  # the cheapest section; the others share the same pipeline
+
+
+def parse_tables(markdown):
+    """Every markdown table as a list of rows (lists of cells); asserts the rows are well formed."""
+    tables, current = [], []
+    for line in markdown.splitlines() + [""]:
+        if line.startswith("|"):
+            current.append([cell.strip() for cell in line.strip().strip("|").split("|")])
+        elif current:
+            header, rule, *rows = current
+            assert all(set(cell) <= set("-: ") for cell in rule), rule
+            assert rows, header
+            assert all(len(row) == len(header) for row in rows), (header, rows)
+            tables.append([header, *rows])
+            current = []
+    return tables
+
+
+def test_quick_run_writes_tables_and_plots(tmp_path):
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "run.py"), "--quick", "--only", QUICK_SECTION,
+         "--out", str(tmp_path)],
+        cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = (tmp_path / "RESULTS.md").read_text()
+    assert report.splitlines()[2].startswith("Machine: ")
+    tables = parse_tables(report)
+    assert tables
+    assert list(tmp_path.glob("*.png"))
+
+
+def test_unknown_section_is_a_usage_error(tmp_path):
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "run.py"), "--only", "dqn",
+                           "--out", str(tmp_path)], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "--only" in proc.stderr
+
+
+def test_readme_shows_the_latest_results():
+    results = ROOT / "benchmarks" / "results" / "RESULTS.md"
+    assert results.exists(), "no benchmark results recorded: run python benchmarks/run.py"
+    readme = (ROOT / "README.md").read_text()
+    block = readme.split("<!-- results:start -->")[1].split("<!-- results:end -->")[0]
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import run as bench_run
+
+    assert block.strip() == bench_run.readme_block(results.read_text()).strip()
+    parse_tables(block)
