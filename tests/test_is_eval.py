@@ -61,6 +61,12 @@ def random_data(rng, n, horizon, *, spread=0.5, min_len=1, model=True):
     return episodes, tlp.astype(np.float32), *extra
 
 
+def printed_table(out):
+    """{ESTIMATOR: [estimate, CI low, CI high, (error,) ESS]} from the table a run printed."""
+    rows = re.findall(r"^\| ([A-Z]+) \| (\S+) \| \[(\S+), (\S+)\] \|(.*)\|$", out, re.M)
+    return {name: [float(x) for x in (est, low, high, *rest.split("|"))] for name, est, low, high, rest in rows}
+
+
 def as_floats(d):
     return {k: float(v) for k, v in d.items()}
 
@@ -352,11 +358,11 @@ def test_copied_file_runs_alone_and_writes_outputs(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = proc.stdout
     assert "exact V^pi = 0.2472" in out
-    table = re.findall(r"^\| (OIS|WIS|PDIS|WPDIS|DR|WDR) \| (\S+) \| \[(\S+), (\S+)\] \| (\S+) \| (\S+) \|$", out, re.M)
-    assert [row[0] for row in table] == ["OIS", "WIS", "PDIS", "WPDIS", "DR", "WDR"], out
-    for name, est, low, high, error, ess in table:
-        assert float(low) <= float(est) <= float(high) and 0 < float(ess) <= 300
-        assert abs(float(est) - float(error) - 0.2472) < 2e-4
+    table = printed_table(out)
+    assert list(table) == ["OIS", "WIS", "PDIS", "WPDIS", "DR", "WDR"], out
+    for est, low, high, error, ess in table.values():
+        assert low <= est <= high and 0 < ess <= 300
+        assert abs(est - error - 0.2472) < 2e-4
     assert out.count("[is_eval] datasets") == 4  # a progress line every 10% of the datasets
     (run_dir,) = (folder / "runs").iterdir()
     assert run_dir.name.startswith("GridWorld__is_eval__1__")
@@ -377,10 +383,11 @@ def test_dataset_flag(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr("sys.argv", ["is_eval.py", "--dataset", str(tmp_path / "logged.npz"), "--gamma", "0.9",
                                      "--num-bootstrap", "200", "--log-dir", str(tmp_path / "runs")])
     is_eval.main()
-    printed = dict(re.findall(r"^\| (\w+) \| (\S+) \|", capsys.readouterr().out, re.M))
+    table = printed_table(capsys.readouterr().out)
     want = is_eval.estimate(episodes, tlp, 0.9, q_hat, v_hat)
     for name in is_eval.ESTIMATORS:
-        assert abs(float(printed[name.upper()]) - float(want[name])) <= 1e-4, name
+        est, low, high, ess = table[name.upper()]
+        assert abs(est - float(want[name])) <= 1e-4 and low <= high and abs(ess - float(want["ess"])) < 0.1, name
     assert any((tmp_path / "runs").glob("logged__is_eval__1__*/events.out.tfevents.*"))
 
 
@@ -443,10 +450,10 @@ def test_target_model(tmp_path, capsys):
     is_eval.main_target_model(args, is_eval.load_target_model(args))
     out = capsys.readouterr().out
     mc = float(re.search(r"V\^pi = (\S+) \(95% CI", out).group(1))
-    rows = re.findall(r"^\| (OIS|WIS|PDIS|WPDIS) \| (\S+) \| \[(\S+), (\S+)\] \| (\S+) \|", out, re.M)
-    assert [r[0] for r in rows] == ["OIS", "WIS", "PDIS", "WPDIS"], out
-    for _, est, low, high, _ in rows:  # a near-uniform policy: every interval should hold the truth
-        assert float(low) - 0.05 <= mc <= float(high) + 0.05, out
+    table = printed_table(out)
+    assert list(table) == ["OIS", "WIS", "PDIS", "WPDIS"], out
+    for est, low, high, error, ess in table.values():  # a near-uniform policy: every interval holds the truth
+        assert low - 0.05 <= mc <= high + 0.05 and abs(est - error - mc) < 2e-4, out
     assert any((tmp_path / "runs").glob("CartPole-v1__is_eval__1__*/events.out.tfevents.*"))
     with pytest.raises(is_eval.ArgError, match="--model-seed"):
         is_eval.load_target_model(is_eval.Args(target_model=saved, model_seed=2))
