@@ -95,7 +95,8 @@ def time_calls(fn, repeats: int):
 
 
 # ----------------------------------------------------------------------------- worker protocol
-def run_worker(script: Path, config: dict, timeout: float = 3600, env: dict | None = None) -> dict:
+def run_worker(script: Path, config: dict, timeout: float = 3600, env: dict | None = None,
+               python: str | None = None) -> dict:
     """Run `python script --worker JSON` in a fresh process; its last stdout line is a JSON dict.
 
     A fresh process per workload gives each its own compile time, its own whole-process wall time
@@ -104,7 +105,7 @@ def run_worker(script: Path, config: dict, timeout: float = 3600, env: dict | No
     full_env.update(env or {})
     t0 = time.perf_counter()
     proc = subprocess.run(
-        [sys.executable, str(script), "--worker", json.dumps(config)],
+        [python or sys.executable, str(script), "--worker", json.dumps(config)],
         capture_output=True, text=True, timeout=timeout, env=full_env, cwd=ROOT,
     )
     wall = time.perf_counter() - t0
