@@ -399,7 +399,7 @@ def monte_carlo_value(key, model: TargetModel, gamma, num_episodes: int, horizon
 # inside a block so that its arrays stay in cache, and merges blocks like an online softmax: both
 # sides rescaled by exp(their shift - the larger shift). `episode_rows` keeps every episode's terms
 # instead, for the bootstrap.
-CHUNK = 4096
+CHUNK = 2048  # measured best of 1024-32768 at N = 100k, H = 100 (a block's [H, C] arrays stay in cache)
 ESTIMATORS = ("ois", "wis", "pdis", "wpdis", "dr", "wdr")
 
 

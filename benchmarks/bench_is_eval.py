@@ -212,7 +212,7 @@ def run(quick: bool) -> str:
         f"### is_eval: GridWorld sweep, exact V^pi = {sweep['value']:.4f}, {datasets} datasets per n "
         f"(compile {timing['compile_s']:.1f} s, run {timing['run_s']:.1f} s)",
         accuracy,
-        f"![MSE against n]({plot.relative_to(common.ROOT / 'benchmarks')})",
+        f"![is_eval MSE against n]({plot.name})",
     ])
 
 
