@@ -667,7 +667,8 @@ def compile_small_loops_whole():
     loop instead of launching each op of its body separately (its default limit is 1 kB). A single
     agent's step loop is that small: about 3M steps/s instead of 0.2M. The flag is read when jax
     starts its backend (the first computation, or importing gymnax: hence its late import), and it
-    is process-wide, so the script sets it first thing, not on import; an explicit setting wins."""
+    is process-wide, so only the script sets it, first thing (not on import, nor main() called
+    from another program); an explicit setting in XLA_FLAGS wins."""
     flags = os.environ.get("XLA_FLAGS", "")
     if "xla_backend_extra_options" not in flags:
         os.environ["XLA_FLAGS"] = (flags + " --xla_backend_extra_options="
@@ -675,7 +676,6 @@ def compile_small_loops_whole():
 
 
 def main():
-    compile_small_loops_whole()
     args = tyro.cli(Args, description=__doc__.split("\n\n")[0])
     try:
         args = validate(args)
@@ -695,4 +695,5 @@ def main():
 
 
 if __name__ == "__main__":
+    compile_small_loops_whole()
     main()

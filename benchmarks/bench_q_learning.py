@@ -38,7 +38,7 @@ def jax_workload(config: dict) -> dict:
     seeds = 2 if agents >= 2 else 1
     args = dataclasses.replace(
         ql.Args(track=False), num_agents=agents // seeds, num_seeds=seeds,
-        total_timesteps=config["steps"], num_steps=min(1_000, config["steps"]))
+        total_timesteps=config["steps"], num_steps=config["num_steps"])
     keys = jax.random.split(jax.random.PRNGKey(0), seeds).reshape(seeds, 1, 2)
     t0 = time.perf_counter()
     compiled = jax.pmap(jax.vmap(ql.make_train(args)), devices=jax.local_devices()[:seeds]) \
@@ -97,10 +97,11 @@ def worker(config: dict) -> dict:
 
 
 # ----------------------------------------------------------------------------- table
-def steps_for(agents: int, quick: bool) -> int:
-    """Steps per agent: about 2e7 agent-steps per timed run (4e6 quick), between 1e3 and 2e6."""
-    budget = 4e6 if quick else 2e7
-    return int(np.clip(budget / agents, 1_000, 2_000_000) // 1_000 * 1_000)
+def sizes(agents: int, quick: bool) -> dict:
+    """Steps per agent for about 2e7 agent-steps per timed run (1e6 quick), in whole updates of
+    1000 steps (the file's default; 100 quick)."""
+    budget, num_steps = (1e6, 100) if quick else (2e7, 1_000)
+    return {"steps": int(max(1, budget // agents // num_steps) * num_steps), "num_steps": num_steps}
 
 
 def run(quick: bool) -> str:
@@ -111,45 +112,44 @@ def run(quick: bool) -> str:
     rows.append(["plain numpy loop (baseline)", 1, f"{numpy_steps:,}", "n/a", base["rate"] / 1e6,
                  "n/a", base["peak_rss_mib"]])
     for agents in AGENT_COUNTS:
-        steps = steps_for(agents, quick)
-        result = common.run_worker(SCRIPT, {"kind": "jax", "agents": agents, "steps": steps,
+        size = sizes(agents, quick)
+        result = common.run_worker(SCRIPT, {"kind": "jax", "agents": agents, **size,
                                             "repeats": repeats, "small_loops": True},
                                    env=TWO_DEVICES)
         rates[agents] = result["rate"]
         layout = f"{result['seeds']} x {agents // result['seeds']}"
-        rows.append([f"q_learning.py, {layout} agents", agents, f"{steps:,}", result["compile_s"],
+        rows.append([f"q_learning.py, {layout}", agents, f"{size['steps']:,}", result["compile_s"],
                      result["rate"] / 1e6, result["best"] / 1e6, result["peak_rss_mib"]])
     headers = ["workload (devices x agents per device)", "agents", "steps per agent", "compile s",
                "M agent-steps/s (median)", "M agent-steps/s (best)", "peak RSS MiB"]
-    table = common.md_table(headers, rows)
-    notes = [
-        "",
-        f"Default 6x6 GridWorld maze; {repeats} timed runs after a compile and a warm-up run. "
-        f"Reference (from the issue, same machine, not rerun here): the seed article's vmapped JAX "
-        f"Q-learning (RPegoud/jax_rl) at 0.10 M steps/s for 1 agent and 0.39 M for 30, 13.7 GiB "
-        f"peak memory (it keeps every step's Q-table). Speedup over the numpy loop: "
-        f"{rates[1] / base['rate']:.0f}x for 1 agent, {max(rates.values()) / base['rate']:,.0f}x "
-        f"at best.",
+    plot = save_plot(rates, base["rate"])
+    parts = [
+        "## Tabular Q-learning: agent-steps per second",
+        common.md_table(headers, rows),
+        f"Default 6x6 GridWorld maze, {size['num_steps']} steps per update; {repeats} timed runs "
+        f"after a compile and a warm-up run. Speedup over the numpy loop: "
+        f"{rates[1] / base['rate']:.0f}x for 1 agent, {max(rates.values()) / base['rate']:,.0f}x at "
+        f"best. Reference (from the issue, same machine, not rerun here): the seed article's "
+        f"vmapped JAX Q-learning (RPegoud/jax_rl) runs 0.10 M steps/s for 1 agent and 0.39 M for "
+        f"30, with 13.7 GiB peak memory (it keeps every step's Q-table).",
+        f"![q_learning agent-steps per second]({plot.name})",
     ]
-    parts = [table, "\n".join(notes)]
     if not quick:
-        parts.append(memory_table(repeats))
-        parts.append(small_loops_table(repeats))
-    save_plot(rates, base["rate"])
+        parts += [memory_table(), small_loops_table(repeats)]
     return "\n\n".join(parts)
 
 
-def memory_table(repeats: int) -> str:
-    """Peak memory does not grow with the number of steps: the same 8192 agents for 1x to 8x."""
+def memory_table() -> str:
+    """Peak memory does not grow with the number of steps: the same 8192 agents for 1x and 8x."""
     rows = []
-    for factor in (1, 8):
-        steps = 2_000 * factor
+    for steps in (2_000, 16_000):
         result = common.run_worker(SCRIPT, {"kind": "jax", "agents": 8192, "steps": steps,
-                                            "repeats": 1, "small_loops": True}, env=TWO_DEVICES)
+                                            "num_steps": 1_000, "repeats": 1, "small_loops": True},
+                                   env=TWO_DEVICES)
         rows.append([8192, f"{steps:,}", f"{8192 * steps:,}", result["rate"] / 1e6,
                      result["peak_rss_mib"]])
-    return common.md_table(["agents", "steps per agent", "agent-steps", "M agent-steps/s",
-                            "peak RSS MiB"], rows)
+    return "Peak memory against the number of steps:\n\n" + common.md_table(
+        ["agents", "steps per agent", "agent-steps", "M agent-steps/s", "peak RSS MiB"], rows)
 
 
 def small_loops_table(repeats: int) -> str:
@@ -157,14 +157,14 @@ def small_loops_table(repeats: int) -> str:
     separate call; with it, one agent's whole step loop is compiled as one native loop."""
     rows = []
     for agents in (1, 30):
-        steps = steps_for(agents, quick=True)
         for small_loops in (False, True):
-            result = common.run_worker(SCRIPT, {"kind": "jax", "agents": agents, "steps": steps,
-                                                "repeats": repeats, "small_loops": small_loops},
-                                       env=TWO_DEVICES)
+            result = common.run_worker(SCRIPT, {"kind": "jax", "agents": agents,
+                                                **sizes(agents, quick=True), "repeats": repeats,
+                                                "small_loops": small_loops}, env=TWO_DEVICES)
             rows.append([agents, "raised to 100 kB" if small_loops else "XLA default (1 kB)",
                          result["rate"] / 1e6])
-    return common.md_table(["agents", "small-while-loop limit", "M agent-steps/s (median)"], rows)
+    return ("XLA:CPU small-while-loop limit (the script raises it; see compile_small_loops_whole):"
+            "\n\n" + common.md_table(["agents", "limit", "M agent-steps/s (median)"], rows))
 
 
 def save_plot(rates: dict, numpy_rate: float):
@@ -182,8 +182,10 @@ def save_plot(rates: dict, numpy_rate: float):
     ax.set_title("Tabular Q-learning throughput")
     ax.legend()
     fig.tight_layout()
-    fig.savefig(common.RESULTS / "q_learning_speed.png", dpi=100)
+    path = common.RESULTS / "q_learning_speed.png"
+    fig.savefig(path, dpi=100)
     plt.close(fig)
+    return path
 
 
 if __name__ == "__main__":

@@ -258,3 +258,11 @@ def test_copied_file_runs_alone_and_writes_outputs(tmp_path):
 ])
 def test_bad_input_is_one_line_exit_2(flags, flag, tmp_path):
     assert_usage_error("q_learning.py", flags, flag, tmp_path)
+
+
+def test_cli_usage_error_exit_code(tmp_path):
+    proc = run_script("q_learning.py", "--num-agents", "0", "--log-dir", tmp_path / "runs",
+                      cwd=tmp_path)
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == "error: --num-agents must be >= 1 (got 0)"
+    assert not (tmp_path / "runs").exists()
