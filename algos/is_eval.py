@@ -34,6 +34,7 @@ Q-hat that is not refitted per resample).
 # ============================================================================ imports
 import dataclasses
 import json
+import math
 import os
 import sys
 import time
@@ -392,20 +393,21 @@ def monte_carlo_value(key, model: TargetModel, gamma, num_episodes: int, horizon
 
 
 # ============================================================================ 3. estimators
-# This file's network section. Per step t of episode i, log w_{i,0:t} is the running sum of log rho;
-# padded steps have rho = 1 and r = 0. At every step the weights are divided by their largest value
-# over episodes (the "shift") before they are exponentiated, and the mask multiplies the per-step
-# terms after the exponential. `estimators` goes through the episodes in blocks of CHUNK, time-major
-# inside a block so that its arrays stay in cache, and merges blocks like an online softmax: both
-# sides rescaled by exp(their shift - the larger shift). `episode_rows` keeps every episode's terms
-# instead, for the bootstrap.
-CHUNK = 2048  # measured best of 1024-32768 at N = 100k, H = 100 (a block's [H, C] arrays stay in cache)
+# This file's network section. `_episode_terms` is one episode: log w_{0:t}, the running sum of
+# log rho (padded steps have rho = 1 and r = 0), and the per-step values the weights multiply; it is
+# vmapped over the episodes. At every step the weights are divided by their largest over episodes
+# (the "shift") before they are exponentiated, and the mask multiplies the per-step terms after the
+# exponential. `estimators` sums the terms of CHUNK episodes at a time and merges blocks like an
+# online softmax: both sides rescaled by exp(their shift - the larger shift). `episode_rows` keeps
+# every episode's terms instead, for the bootstrap.
+CHUNK = 4096  # a block's arrays stay in cache, yet are big enough for XLA to split over 2 cores
 ESTIMATORS = ("ois", "wis", "pdis", "wpdis", "dr", "wdr")
 
 
 class Sums(NamedTuple):
     """Sums over episodes of the shifted weights w~_{i,t} = w_{i,0:t} / exp(shift_t) times the terms
-    of the estimators; every estimate is a function of these (`from_sums`)."""
+    of the estimators (or, from `episode_rows`, each episode's own term); every estimate is a
+    function of these (`from_sums`)."""
 
     shift: jax.Array  # [H] log of what step t's weights were divided by (-inf: all weights are 0)
     w: jax.Array  # [H] sum_i w~_{i,t}
@@ -417,43 +419,60 @@ class Sums(NamedTuple):
     undefined: jax.Array  # [] logged steps whose ratio is undefined: zero behaviour probability
 
 
+def _running_sum(x):
+    """x_0 + ... + x_t for every t of a 1-D x, as products with two small triangular matrices (steps
+    in chunks of about sqrt(H)): vmapped, a batched matmul, several times faster on XLA:CPU than
+    jnp.cumsum (a reduce-window) or a scan over time. x must be finite."""
+    horizon = x.shape[0]
+    size = math.isqrt(horizon - 1) + 1  # ceil(sqrt(H))
+    count = -(-horizon // size)
+    chunks = jnp.pad(x, (0, count * size - horizon)).reshape(count, size)
+    within = chunks @ jnp.triu(jnp.ones((size, size), x.dtype))  # running sums inside each chunk
+    before = within[:, -1] @ jnp.triu(jnp.ones((count, count), x.dtype), 1)  # totals of earlier chunks
+    return (within + before[:, None]).reshape(-1)[:horizon]
+
+
 def _episode_terms(tlp, blp, rewards, mask, q_hat, v_hat, gamma):
-    """One episode ([H] arrays): log-ratios (0 on padding), the masked rewards, r - Q-hat and V-hat
-    the weights multiply, its discounted return, and how many of its logged steps have an undefined
-    log-ratio (+inf or NaN: the behaviour probability is 0)."""
+    """One episode ([H] arrays): log w_{0:t} (-inf from the first logged action the target never
+    takes), the masked rewards, r - Q-hat and V-hat the weights multiply, its discounted return, and
+    how many of its logged steps have an undefined log-ratio (+inf or NaN: behaviour probability 0)."""
     mask = mask.astype(bool)
+    steps = jnp.arange(rewards.shape[0])
     log_rho = jnp.where(mask, tlp - blp, 0.0)
+    never = log_rho == -jnp.inf
+    first_never = jnp.min(jnp.where(never, steps, steps.shape[0]))
+    log_w = jnp.where(steps >= first_never, -jnp.inf, _running_sum(jnp.where(never, 0.0, log_rho)))
     r = jnp.where(mask, rewards, 0.0)
-    ret = jnp.sum(gamma ** jnp.arange(r.shape[0], dtype=r.dtype) * r)
+    ret = jnp.sum(gamma ** steps.astype(r.dtype) * r)
     undefined = jnp.sum(~(log_rho < jnp.inf))
     if q_hat is None:
-        return log_rho, r, None, None, ret, undefined
-    return log_rho, r, jnp.where(mask, r - q_hat, 0.0), jnp.where(mask, v_hat, 0.0), ret, undefined
+        return log_w, r, None, None, ret, undefined
+    return log_w, r, jnp.where(mask, r - q_hat, 0.0), jnp.where(mask, v_hat, 0.0), ret, undefined
 
 
 def _finite(shift):
     return jnp.where(shift > -jnp.inf, shift, 0.0)  # every weight is 0: nothing to divide by
 
 
-def _block_sums(block, gamma) -> Sums:
-    """Sums over one block of episodes (tlp, blp, rewards, mask, q_hat, v_hat as [C, H]): the episodes
-    are vmapped into time-major [H, C] arrays, then a scan over time carries log w of every episode."""
-    per_episode = jax.vmap(_episode_terms, in_axes=(0, 0, 0, 0, 0, 0, None), out_axes=(1, 1, 1, 1, 0, 0))
-    log_rho, r, dr, v_hat, ret, undefined = per_episode(*block, gamma)  # [H, C] each, [C], [C]
+def episode_rows(episodes: Episodes, target_log_prob, gamma, q_hat=None, v_hat=None) -> Sums:
+    """Pure and jittable: every episode's own term of every sum, as [N, ...] rows, with the shift [H]
+    the per-step largest log-weight over all N episodes. `weighted_sums` of the rows gives the sums of
+    the data or of a bootstrap resample."""
+    per_episode = jax.vmap(_episode_terms, in_axes=(0, 0, 0, 0, 0, 0, None))
+    log_w, r, dr, v_hat, ret, undefined = per_episode(
+        target_log_prob, episodes.behaviour_log_prob, episodes.rewards, episodes.mask, q_hat, v_hat, gamma)
+    shift = log_w.max(0)
+    w = jnp.exp(log_w - _finite(shift))
+    w_prev = jnp.concatenate([jnp.ones_like(w[:, :1]), w[:, :-1]], axis=1)
+    return Sums(shift=shift, w=w, wr=w * r, wg=w[:, -1] * ret, w2=w[:, -1] ** 2,
+                wd=None if dr is None else w * dr, wv=None if v_hat is None else w_prev * v_hat,
+                undefined=undefined)
 
-    def step(carry, x):
-        log_w, w_prev = carry  # log w_{0:t-1} and w~_{0:t-1}, [C]
-        log_rho_t, r_t, dr_t, v_t = x
-        log_w = log_w + log_rho_t
-        shift = log_w.max()
-        w = jnp.exp(log_w - _finite(shift))
-        model = (None, None) if v_t is None else ((dr_t * w).sum(), (v_t * w_prev).sum())
-        return (log_w, w), (shift, w.sum(), (r_t * w).sum(), *model)
 
-    init = (jnp.zeros_like(log_rho[0]), jnp.ones_like(log_rho[0]))
-    (_, w_last), (shift, w, wr, wd, wv) = jax.lax.scan(step, init, (log_rho, r, dr, v_hat))
-    return Sums(shift=shift, w=w, wr=wr, wg=w_last @ ret, w2=w_last @ w_last, wd=wd, wv=wv,
-                undefined=undefined.sum())
+def weighted_sums(rows: Sums, counts=None) -> Sums:
+    """The sums over episodes, each row counted `counts` times ([N]; None: once)."""
+    total = (lambda x: x.sum(0)) if counts is None else (lambda x: counts @ x)
+    return jax.tree.map(total, rows._replace(shift=None))._replace(shift=rows.shift)
 
 
 def _merge(a: Sums, b: Sums) -> Sums:
@@ -508,12 +527,13 @@ def estimators(episodes: Episodes, target_log_prob, gamma, q_hat=None, v_hat=Non
     """Pure and jittable: ({name: estimate}, number of logged steps whose ratio is undefined, i.e.
     with zero behaviour probability: the estimates mean nothing unless it is 0).
     OIS, WIS, PDIS, WPDIS and the ESS always; DR and WDR when q_hat and v_hat ([N, H]) are given."""
-    data = (target_log_prob, episodes.behaviour_log_prob, episodes.rewards, episodes.mask, q_hat, v_hat)
+    data = (episodes._replace(obs=None, actions=None), target_log_prob, q_hat, v_hat)
     n, horizon = episodes.rewards.shape
     num_full, rest = divmod(n, CHUNK)
 
     def block(start, size):
-        return _block_sums(jax.tree.map(lambda x: jax.lax.dynamic_slice_in_dim(x, start, size), data), gamma)
+        part = jax.tree.map(lambda x: jax.lax.dynamic_slice_in_dim(x, start, size), data)
+        return weighted_sums(episode_rows(part[0], part[1], gamma, *part[2:]))
 
     if num_full == 0:
         sums = block(0, rest)
@@ -524,28 +544,6 @@ def estimators(episodes: Episodes, target_log_prob, gamma, q_hat=None, v_hat=Non
         sums, _ = jax.lax.scan(lambda s, i: (_merge(s, block(i * CHUNK, CHUNK)), None), empty, jnp.arange(num_full))
         sums = _merge(sums, block(num_full * CHUNK, rest)) if rest else sums
     return from_sums(sums, n, gamma), sums.undefined
-
-
-def episode_rows(episodes: Episodes, target_log_prob, gamma, q_hat=None, v_hat=None) -> Sums:
-    """Pure and jittable: every episode's own term of every sum, as [N, ...] rows, with the shift [H]
-    the per-step largest log-weight over all N episodes. `weighted_sums` of the rows gives the sums a
-    bootstrap resample has. Materialises [N, H] arrays: `estimators` is the faster way to the
-    estimates alone."""
-    per_episode = jax.vmap(_episode_terms, in_axes=(0, 0, 0, 0, 0, 0, None))
-    log_rho, r, dr, v_hat, ret, undefined = per_episode(
-        target_log_prob, episodes.behaviour_log_prob, episodes.rewards, episodes.mask, q_hat, v_hat, gamma)
-    log_w = jnp.cumsum(log_rho, axis=1)
-    shift = log_w.max(0)
-    w = jnp.exp(log_w - _finite(shift))
-    w_prev = jnp.concatenate([jnp.ones_like(w[:, :1]), w[:, :-1]], axis=1)
-    return Sums(shift=shift, w=w, wr=w * r, wg=w[:, -1] * ret, w2=w[:, -1] ** 2,
-                wd=None if dr is None else w * dr, wv=None if v_hat is None else w_prev * v_hat,
-                undefined=undefined)
-
-
-def weighted_sums(rows: Sums, counts) -> Sums:
-    """The sums over episodes with each row counted `counts` times ([N]; ones for the data itself)."""
-    return jax.tree.map(lambda x: counts @ x, rows._replace(shift=None))._replace(shift=rows.shift)
 
 
 def bootstrap_ci(key, rows: Sums, gamma, num_resamples: int = 1000, level: float = 0.95) -> dict:
@@ -602,7 +600,7 @@ def estimate(episodes: Episodes, target_log_prob, gamma, q_hat=None, v_hat=None)
     ValueError for bad shapes, gamma outside [0, 1], or a logged step whose behaviour probability is
     zero (naming the episode and step)."""
     check_episodes(episodes, target_log_prob, gamma, q_hat, v_hat)
-    used = episodes._replace(obs=None, actions=None)  # the estimators never look at them
+    used = episodes._replace(obs=None, actions=None)  # not needed: not sent to the device
     out, undefined = _estimators_jit(used, target_log_prob, gamma, q_hat, v_hat)
     if int(undefined):
         raise ValueError(zero_probability_error(episodes, target_log_prob))
