@@ -139,8 +139,8 @@ def worker(config: dict) -> dict:
     diff = max((abs(float(out[k]) - reference[k]) / max(abs(reference[k]), 1e-12) for k in out
                 if k in reference and np.ndim(out[k]) == 0), default=float("nan"))
     median = float(np.median(steady))
-    return {"first_s": first, "median_s": median, "episodes_per_s": n / median, "max_rel_diff": diff,
-            "timed_rss_mib": rss}
+    return {"first_s": first, "median_s": median, "episodes_per_s": n / median,
+            "best_episodes_per_s": n / min(steady), "max_rel_diff": diff, "timed_rss_mib": rss}
 
 
 def sweep_worker(config: dict) -> dict:
@@ -185,11 +185,12 @@ def run(quick: bool) -> str:
         n_used = 20_000 if kind == "python_loop" else n
         label = NAMES[kind] + (f" ({resamples} resamples)" if kind == "jax_bootstrap" else "")
         rows.append([label, what, f"{n_used:,} x {horizon}", f"{r['first_s']:.2f}", f"{r['median_s'] * 1e3:.1f}",
-                     f"{r['episodes_per_s'] / 1e6:.3f}M", f"{r['episodes_per_s'] / numpy_rate:.2f}x",
-                     f"{r['max_rel_diff']:.1e}", f"{r['timed_rss_mib']:.0f}"])
+                     f"{r['episodes_per_s'] / 1e6:.3f}M", f"{r['best_episodes_per_s'] / 1e6:.3f}M",
+                     f"{r['episodes_per_s'] / numpy_rate:.2f}x", f"{r['max_rel_diff']:.1e}",
+                     f"{r['timed_rss_mib']:.0f}"])
     speed = common.md_table(
-        ["implementation", "estimators", "episodes x H", "first call s", "median ms", "episodes/s",
-         "vs numpy (all)", "max rel. diff vs float64", "peak RSS MiB"], rows)
+        ["implementation", "estimators", "episodes x H", "first call s", "median ms", "episodes/s (median)",
+         "episodes/s (best)", "median vs numpy (all)", "max rel. diff vs float64", "peak RSS MiB"], rows)
 
     sizes = [10, 100, 1000] if quick else [10, 100, 1000, 10000]
     datasets = 20 if quick else 100
