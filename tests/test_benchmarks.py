@@ -45,10 +45,13 @@ def test_unknown_section_is_a_usage_error(tmp_path):
 
 
 def test_readme_shows_the_latest_results():
+    """The README's results block is exactly the last full run's RESULTS.md (or says none ran)."""
     results = ROOT / "benchmarks" / "results" / "RESULTS.md"
-    assert results.exists(), "no benchmark results recorded: run python benchmarks/run.py"
     readme = (ROOT / "README.md").read_text()
     block = readme.split("<!-- results:start -->")[1].split("<!-- results:end -->")[0]
+    if not results.exists():
+        assert block.strip() == "(no full benchmark run recorded yet)"
+        return
     sys.path.insert(0, str(ROOT / "benchmarks"))
     import run as bench_run
 
