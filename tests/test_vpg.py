@@ -1,0 +1,277 @@
+"""VPG: learning curves against stated thresholds, the policy gradient against a plain per-sample
+score-function computation, the split optimisers, the seed sweep, the CLI."""
+import dataclasses
+import inspect
+import shutil
+import sys
+from unittest import mock
+
+import flax.serialization
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import vpg
+from conftest import assert_usage_error, read_scalars, run_script
+
+# Uniform random actions score -1229 per Pendulum-v1 episode (4096 episodes, sem 4.5). A correct
+# VPG with default flags, 300k steps, 20 seeds measured: means of 4 seeds -540 (--seed 1), -529 and
+# -190 (--seed 2), -274 and -437 (--seed 3); single seeds -143 to -1052 (some are still near -1000
+# at 300k); the first 10% of updates score about -1210, the last 10% -360 to -540.
+RANDOM_PENDULUM_RETURN = -1229.0
+
+# One table: what a correct VPG reaches, the env-step budget it gets (default flags fill the rest),
+# on how many seeds. "final" = mean episode_return over the last 5% of updates; "rise" = how far
+# the last 10% of updates must score above the first 10%. CartPole-v1: the issue asks for a mean
+# of 400 within 1M steps; the default 300k steps give 500 on 10 of 12 seeds measured (the other
+# two 499.1 and 494.6) and the first 10% of updates about 35.
+LEARNING = {
+    "cartpole_default": dict(args=dict(env_id="CartPole-v1"), budget=300_000, seeds=4,
+                             mean=400.0, worst=300.0, rise=150.0),
+    "pendulum_default": dict(args=dict(env_id="Pendulum-v1"), budget=300_000, seeds=4,
+                             mean=RANDOM_PENDULUM_RETURN + 329.0, worst=None, rise=300.0),
+}
+
+
+@pytest.mark.parametrize("case", LEARNING)
+def test_learns(case):
+    spec = LEARNING[case]
+    args = vpg.validate(vpg.Args(num_seeds=spec["seeds"], track=False, **spec["args"]))
+    assert args.total_timesteps <= spec["budget"]
+    _, metrics, _ = vpg.run(args)
+    finals = vpg.final_returns(metrics)
+    assert finals.shape == (spec["seeds"],)
+    assert finals.mean() >= spec["mean"], finals
+    if spec["worst"] is not None:
+        assert finals.min() >= spec["worst"], finals
+    returns = np.asarray(metrics["episode_return"])
+    tenth = max(1, returns.shape[1] // 10)
+    first, last = np.nanmean(returns[:, :tenth]), np.nanmean(returns[:, -tenth:])
+    assert last - first >= spec["rise"], (first, last)
+
+
+def internals(args):
+    """The loss, network and optimisers that make_train keeps local (as ppo.py does), read from
+    the closures of the train function it returns."""
+    outer = inspect.getclosurevars(vpg.make_train(args)).nonlocals
+    inner = inspect.getclosurevars(outer["update_step"]).nonlocals
+    return inner["loss_fn"], outer["network"], outer["policy_tx"], outer["tx"]
+
+
+def tiny_batch(env_id, n=7, ent_coef=0.05):
+    """A hand-made batch of n samples and perturbed parameters (so the policy is not uniform)."""
+    args = vpg.validate(vpg.Args(env_id=env_id, hidden_size=8, ent_coef=ent_coef, track=False))
+    loss_fn, network, _, _ = internals(args)
+    rng = np.random.default_rng(0)
+    obs_dim = 4 if env_id == "CartPole-v1" else 3
+    params = jax.jit(network.init)(jax.random.PRNGKey(0), jnp.zeros(obs_dim))
+    params = jax.tree.map(lambda x: np.asarray(x) + rng.normal(0, 0.3, x.shape).astype(np.float32),
+                          params)
+    obs = jnp.asarray(rng.normal(size=(n, obs_dim)), jnp.float32)
+    if network.continuous:
+        action = jnp.asarray(rng.normal(0, 1.5, (n, 1)), jnp.float32)
+    else:
+        action = jnp.asarray(rng.integers(0, 2, n), jnp.int32)
+    zeros = jnp.zeros(n)
+    batch = vpg.Transition(obs, action, jnp.asarray(rng.normal(size=n), jnp.float32), zeros, obs,
+                           zeros, zeros)
+    advantages = jnp.asarray(rng.normal(size=n), jnp.float32)
+    targets = jnp.asarray(rng.normal(size=n), jnp.float32)
+    return args, loss_fn, network, params, (batch, advantages, targets)
+
+
+@pytest.mark.parametrize("env_id", ["CartPole-v1", "Pendulum-v1"])
+def test_gradient_is_the_score_function_estimate(env_id):
+    """The gradient of the file's loss, on every parameter, equals a loop over single samples of
+    -A_i grad log pi(a_i|s_i) - ent_coef grad H(pi(.|s_i)) + (V(s_i) - G_i) grad V(s_i), averaged,
+    with A normalised over the batch; and on the output biases and log_std it equals the closed-form
+    score of the Categorical / diagonal Gaussian in float64 numpy."""
+    args, loss_fn, network, params, (batch, advantages, targets) = tiny_batch(env_id)
+    n = batch.obs.shape[0]
+    grads, stats = jax.jit(jax.grad(loss_fn, has_aux=True))(params, batch, advantages, targets)
+
+    adv = np.asarray(advantages, np.float64)
+    adv = (adv - adv.mean()) / (adv.std() + 1e-8)
+    G = np.asarray(targets, np.float64)
+
+    @jax.jit
+    def per_sample(params, obs, action):  # one sample, no batch axis anywhere
+        logp = lambda p: network.apply(p, obs, method=vpg.ActorCritic.policy).log_prob(action)
+        ent = lambda p: network.apply(p, obs, method=vpg.ActorCritic.policy).entropy()
+        value = lambda p: network.apply(p, obs, method=vpg.ActorCritic.value)
+        return jax.grad(logp)(params), jax.grad(ent)(params), jax.value_and_grad(value)(params)
+
+    reference = jax.tree.map(lambda x: np.zeros(x.shape, np.float64), params)
+    for i in range(n):
+        g_logp, g_ent, (v, g_v) = per_sample(params, batch.obs[i], batch.action[i])
+        reference = jax.tree.map(
+            lambda r, a, b, c: r + (-adv[i] * np.float64(a) - args.ent_coef * np.float64(b)
+                                    + (float(v) - G[i]) * np.float64(c)) / n,
+            reference, g_logp, g_ent, g_v)
+    for path, got in jax.tree_util.tree_leaves_with_path(grads):
+        want = reference
+        for key in path:
+            want = want[key.key]
+        np.testing.assert_allclose(got, want, rtol=2e-4, atol=1e-6,
+                                   err_msg=jax.tree_util.keystr(path))
+
+    # Closed form, float64: d/dz of the loss at the actor's output z (= the gradient of its bias).
+    out, values, log_prob = jax.jit(lambda p, obs, action: (
+        network.apply(p, obs, method=lambda m, x: m.actor(x)),
+        network.apply(p, obs, method=vpg.ActorCritic.value),
+        network.apply(p, obs, method=vpg.ActorCritic.policy).log_prob(action)))(
+            params, batch.obs, batch.action)
+    out, values, log_prob = (np.asarray(x, np.float64) for x in (out, values, log_prob))
+    if network.continuous:
+        mu = out
+        log_std = np.asarray(params["params"]["log_std"], np.float64)
+        a, var = np.asarray(batch.action, np.float64), np.exp(2 * log_std)
+        d_mu = -(adv[:, None] * (a - mu) / var).mean(0)  # entropy does not depend on the mean
+        d_log_std = -(adv[:, None] * ((a - mu) ** 2 / var - 1.0)).mean(0) - args.ent_coef
+        np.testing.assert_allclose(grads["params"]["log_std"], d_log_std, rtol=1e-4, atol=1e-6)
+    else:
+        z = out
+        p = np.exp(z - z.max(1, keepdims=True))
+        p /= p.sum(1, keepdims=True)
+        onehot = np.eye(z.shape[1])[np.asarray(batch.action)]
+        entropy = -(p * np.log(p)).sum(1, keepdims=True)
+        d_entropy = -p * (np.log(p) + entropy)
+        d_mu = (-adv[:, None] * (onehot - p) - args.ent_coef * d_entropy).mean(0)
+    np.testing.assert_allclose(grads["params"]["actor"]["layers_4"]["bias"], d_mu, rtol=1e-4,
+                               atol=1e-6)
+    np.testing.assert_allclose(grads["params"]["critic"]["layers_4"]["bias"], [(values - G).mean()],
+                               rtol=1e-4, atol=1e-6)
+    np.testing.assert_allclose(stats["loss/policy"], -(adv * log_prob).mean(), rtol=1e-5,
+                               atol=1e-6)
+
+
+def test_policy_step_moves_only_the_actor_and_value_steps_only_the_critic():
+    """Each optimiser keeps its own Adam moments: after the policy step, value steps whose gradient
+    reaches the actor too (the loss sums both parts) leave the actor exactly as it is."""
+    args, _, _, params, _ = tiny_batch("Pendulum-v1")
+    _, _, policy_tx, tx = internals(args)
+    is_critic = lambda path: "critic" in jax.tree_util.keystr(path)
+    grads = jax.tree.map(np.ones_like, params)
+
+    @jax.jit
+    def one_policy_then_three_value_steps(params):
+        policy_update, _ = policy_tx.update(grads, policy_tx.init(params))
+        value_state, value_updates = tx.init(params), []
+        for _ in range(3):
+            update, value_state = tx.update(grads, value_state)
+            value_updates.append(update)
+        return policy_update, value_updates
+
+    policy_update, value_updates = one_policy_then_three_value_steps(params)
+    for path, u in jax.tree_util.tree_leaves_with_path(policy_update):
+        assert bool(np.all(u == 0)) == is_critic(path), jax.tree_util.keystr(path)
+    for updates in value_updates:
+        for path, u in jax.tree_util.tree_leaves_with_path(updates):
+            assert bool(np.all(u == 0)) != is_critic(path), jax.tree_util.keystr(path)
+
+
+# The tiny run that the seed-sweep and CLI tests share: as Args and as the flags a user types.
+TINY = dict(env_id="CartPole-v1", num_envs=8, num_steps=32, num_minibatches=4,
+            total_timesteps=8 * 32 * 10, num_seeds=4)
+TINY_FLAGS = [f"--{key.replace('_', '-')}={value}" for key, value in TINY.items()]
+
+
+@pytest.fixture(scope="module")
+def user_run(tmp_path_factory):
+    """The file copied out of the repository and run alone, as a user would, on 2 devices."""
+    tmp_path = tmp_path_factory.mktemp("user_run")
+    shutil.copy(vpg.__file__, tmp_path / "vpg.py")
+    proc = run_script(tmp_path / "vpg.py", *TINY_FLAGS, "--save-model", "--log-dir",
+                      tmp_path / "runs", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (run_dir,) = (tmp_path / "runs").iterdir()
+    return proc, run_dir
+
+
+def test_seed_sweep_layout_and_determinism(user_run):
+    args = vpg.validate(vpg.Args(track=False, **TINY))
+    _, one_device, _ = vpg.run(args, num_devices=1)
+    state, two_devices, _ = vpg.run(args, num_devices=2)
+    assert set(one_device) == {"env_steps", "episode_return", "episode_length", "loss/policy",
+                               "loss/value", "loss/entropy", "stats/approx_kl"}
+    for key in one_device:
+        assert one_device[key].shape == (4, 10), key
+        # Another layout may round differently by an ulp: the first update agrees to 1e-5.
+        np.testing.assert_allclose(one_device[key][:, 0], two_devices[key][:, 0], rtol=1e-5,
+                                   atol=1e-7, err_msg=key)
+    # The same command on the same layout is bit-identical: the user's run (another process)
+    # logged the very same metrics, every update and seed, and saved the very same parameters.
+    _, run_dir = user_run
+    for k in range(4):
+        for key, tag in [("loss/value", "losses/value"), ("stats/approx_kl", "stats/approx_kl"),
+                         ("episode_return", "charts/episodic_return")]:
+            logged = dict(read_scalars(run_dir / f"seed_{k}", tag))
+            ours = {int(step): np.float32(value) for step, value in
+                    zip(two_devices["env_steps"][k], two_devices[key][k]) if np.isfinite(value)}
+            assert logged == ours, (k, key)
+    saved = flax.serialization.msgpack_restore((run_dir / "model.msgpack").read_bytes())["params"]
+    jax.tree.map(np.testing.assert_array_equal, saved, jax.device_get(state.train_state.params))
+    # Seeds are independent experiments: no two seeds of the sweep see the same losses.
+    losses = np.asarray(two_devices["loss/value"])
+    assert len({float(x) for x in losses[:, 0]}) == 4
+    # The one step per batch moves the policy, a little.
+    kl = np.asarray(two_devices["stats/approx_kl"])
+    assert np.all(kl > 0) and np.all(kl < 0.05), kl
+
+
+def test_help_lists_every_flag_with_its_doc(capsys):
+    # main() in-process, as a user's `python algos/vpg.py --help` runs it, without ~4 s of imports.
+    with mock.patch.object(sys, "argv", ["vpg.py", "--help"]), \
+            pytest.raises(SystemExit) as exit_info:
+        vpg.main()
+    assert exit_info.value.code == 0
+    out = capsys.readouterr().out
+    text = " ".join(out.translate({ord(c): " " for c in "│╭╮╰╯─"}).split())
+    for field in dataclasses.fields(vpg.Args):
+        flag = "--" + field.name.replace("_", "-")
+        assert flag in text, flag
+    for phrase in ["parallel environments per seed", "value-function passes over each batch",
+                   "2048 // num_envs clipped to [16, 128]"]:
+        assert phrase in text, phrase
+    assert "--clip-coef" not in text and "--vf-coef" not in text
+
+
+def test_copied_file_runs_alone_and_writes_events_and_model(user_run):
+    proc, run_dir = user_run
+    assert "final return per seed" in proc.stdout
+    assert proc.stdout.count("[vpg] steps") == 10  # a progress line every 10% of updates
+    assert run_dir.name.startswith("CartPole-v1__vpg__1__")
+    for k in range(4):
+        points = read_scalars(run_dir / f"seed_{k}", "charts/episodic_return")
+        steps = [s for s, _ in points]
+        assert len(steps) >= 5 and steps == sorted(steps) and len(set(steps)) == len(steps)
+        for tag in ["losses/policy", "losses/value", "losses/entropy", "stats/approx_kl"]:
+            assert read_scalars(run_dir / f"seed_{k}", tag), tag
+    payload = flax.serialization.msgpack_restore((run_dir / "model.msgpack").read_bytes())
+    params = payload["params"]
+    network = vpg.ActorCritic(action_dim=2, continuous=False, hidden_size=64)
+    first_seed = jax.tree.map(lambda x: x[0], params)
+    dist, value = network.apply(first_seed, jnp.zeros((3, 4)))
+    assert dist.logits.shape == (3, 2) and value.shape == (3,)
+    assert jax.tree.leaves(params)[0].shape[0] == 4
+
+
+@pytest.mark.parametrize("flags, flag", [
+    (["--num-envs", "0"], "--num-envs"),
+    (["--num-seeds", "3"], "--num-seeds"),
+    (["--env-id", "NoSuchEnv-v0"], "--env-id"),
+    (["--num-envs", "10", "--num-steps", "10", "--num-minibatches", "3"], "--num-minibatches"),
+    (["--learning-rate", "-0.001"], "--learning-rate"),
+    (["--update-epochs", "0"], "--update-epochs"),
+    (["--gae-lambda", "1.5"], "--gae-lambda"),
+])
+def test_bad_input_is_one_line_exit_2(flags, flag, tmp_path):
+    assert_usage_error("vpg.py", flags, flag, tmp_path)
+
+
+def test_cli_usage_error_exit_code(tmp_path):
+    proc = run_script("vpg.py", "--num-envs", "0", "--log-dir", tmp_path / "runs", cwd=tmp_path)
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == "error: --num-envs must be >= 1 (got 0)"
+    assert not (tmp_path / "runs").exists()
