@@ -390,13 +390,18 @@ def greedy_optimal(q, optimal, scored):
 
 
 # ============================================================================ 4. training
-class RunnerState(NamedTuple):
-    q: jax.Array               # [N, S, A] every agent's Q-table
+class Agents(NamedTuple):
+    """The N agents of one seed: every leaf has a leading [N] axis."""
+    q: jax.Array               # [N, S, A] Q-tables
     visited: jax.Array         # [N, S, A] bool: has the agent taken action a in state s
-    env_state: object          # batched environment state
-    obs: jax.Array             # [N] current state of every agent
+    env_state: object          # their environments
+    obs: jax.Array             # [N] current states
     episode_return: jax.Array  # [N] undiscounted return of the running episode
     episode_length: jax.Array  # [N]
+
+
+class RunnerState(NamedTuple):
+    agents: Agents
     t: jax.Array               # steps taken per agent (drives the schedules)
     key: jax.Array
 
@@ -404,6 +409,17 @@ class RunnerState(NamedTuple):
 # Q* ties are exact in theory but computed in float32: actions within this of the best count as
 # optimal.
 OPTIMAL_TOL = 1e-5
+# Agents are independent, so an update steps them block by block, and a block's tables stay in
+# the core's cache through all of its steps (65536 agents: about 1.5x faster than all at once).
+BLOCK_BYTES = 512 * 1024
+
+
+def block_size(num_agents: int, bytes_per_agent: int) -> int:
+    """Agents per block: the largest divisor of num_agents whose tables fit in BLOCK_BYTES, or all
+    of them at once when no divisor comes near that (a prime number of agents, say)."""
+    target = min(num_agents, max(1, BLOCK_BYTES // bytes_per_agent))
+    size = max(d for d in range(1, target + 1) if num_agents % d == 0)
+    return size if 4 * size >= target else num_agents
 
 
 def make_train(args: Args):
@@ -414,6 +430,7 @@ def make_train(args: Args):
     num_states, num_actions = model.R.shape
     num_updates = args.total_timesteps // args.num_steps
     progress_every = max(1, num_updates // 10)
+    num_blocks = N // block_size(N, num_states * num_actions * 5)  # float32 q + bool visited
     q_star = value_iteration(model.P, model.R, model.terminal, args.gamma)
     optimal = q_star >= q_star.max(-1, keepdims=True) - OPTIMAL_TOL  # [S, A] optimal actions
     scored = jnp.asarray(model_reachable(model) & ~model.terminal)   # where greedy_optimal looks
@@ -425,34 +442,48 @@ def make_train(args: Args):
     update = jax.vmap(q_update, in_axes=(0, 0, 0, 0, 0, 0, None, None))
     mark_visited = jax.vmap(lambda visited, s, a: visited.at[s, a].set(True))
 
-    def env_step(carry, _):
-        runner, totals = carry
-        key, k_act, k_env = jax.random.split(runner.key, 3)
-        t = runner.t.astype(jnp.float32)
+    def env_step(carry, t):
+        """One step of a block of agents: act, step the environments, learn."""
+        agents, totals, key = carry
+        key, k_act, k_env = jax.random.split(key, 3)
+        t = t.astype(jnp.float32)
         epsilon = args.start_e + (args.end_e - args.start_e) * jnp.minimum(t / exploration_steps, 1)
         lr = args.learning_rate * (1 - t / args.total_timesteps if args.anneal_lr else 1)
-        action = policy(read_rows(runner.q, runner.obs), epsilon, jax.random.uniform(k_act, (N,)))
+        u = jax.random.uniform(k_act, agents.obs.shape)
+        action = policy(read_rows(agents.q, agents.obs), epsilon, u)
         obs, env_state, reward, terminated, truncated, final_obs = env.step(
-            k_env, runner.env_state, action)
-        q, td_error = update(runner.q, runner.obs, action, reward, terminated, final_obs, lr,
+            k_env, agents.env_state, action)
+        q, td_error = update(agents.q, agents.obs, action, reward, terminated, final_obs, lr,
                              args.gamma)
-        episode_return = runner.episode_return + reward
-        episode_length = runner.episode_length + 1
+        episode_return = agents.episode_return + reward
+        episode_length = agents.episode_length + 1
         done = terminated | truncated
         # Per-agent sums over the update (episodes finished, their returns and lengths, |TD|).
         totals = jax.tree.map(jnp.add, totals, (done, jnp.where(done, episode_return, 0.0),
                                                 jnp.where(done, episode_length, 0),
                                                 jnp.abs(td_error)))
-        runner = RunnerState(q, mark_visited(runner.visited, runner.obs, action), env_state, obs,
-                             jnp.where(done, 0.0, episode_return), jnp.where(done, 0, episode_length),
-                             runner.t + 1, key)
-        return (runner, totals), None
+        agents = Agents(q, mark_visited(agents.visited, agents.obs, action), env_state, obs,
+                        jnp.where(done, 0.0, episode_return), jnp.where(done, 0, episode_length))
+        return (agents, totals, key), None
+
+    def run_block(t0, block):
+        """All the steps of an update for one block of agents."""
+        agents, key = block
+        n = agents.obs.shape[0]
+        totals = (jnp.zeros(n, jnp.int32), jnp.zeros(n), jnp.zeros(n, jnp.int32), jnp.zeros(n))
+        (agents, totals, _), _ = jax.lax.scan(env_step, (agents, totals, key),
+                                              t0 + jnp.arange(args.num_steps))
+        return t0, (agents, totals)
 
     def update_step(runner: RunnerState, update_idx):
-        totals = (jnp.zeros(N, jnp.int32), jnp.zeros(N), jnp.zeros(N, jnp.int32), jnp.zeros(N))
-        (runner, totals), _ = jax.lax.scan(env_step, (runner, totals), None, args.num_steps)
+        key, *block_keys = jax.random.split(runner.key, num_blocks + 1)
+        blocks = jax.tree.map(lambda x: x.reshape(num_blocks, N // num_blocks, *x.shape[1:]),
+                              runner.agents)
+        _, (blocks, totals) = jax.lax.scan(run_block, runner.t, (blocks, jnp.stack(block_keys)))
+        agents = jax.tree.map(lambda x: x.reshape(N, *x.shape[2:]), blocks)
+        runner = RunnerState(agents, runner.t + args.num_steps, key)
         count, return_sum, length_sum, td_sum = (x.sum() for x in totals)
-        visited_error = jnp.where(runner.visited, jnp.abs(runner.q - q_star), 0.0)
+        visited_error = jnp.where(agents.visited, jnp.abs(agents.q - q_star), 0.0)
         metrics = {  # env_steps in float32: all agents' steps overflow int32 past 2^31
             "env_steps": (update_idx + 1).astype(jnp.float32) * (args.num_steps * N),
             "episode_return": jnp.where(count > 0, return_sum / count, jnp.nan),
@@ -460,7 +491,7 @@ def make_train(args: Args):
             "stats/td_error": td_sum / (args.num_steps * N),
             "stats/q_error": visited_error.max(axis=(1, 2)).mean(),
             "stats/greedy_optimal": jax.vmap(greedy_optimal, (0, None, None))(
-                runner.q, optimal, scored).mean(),
+                agents.q, optimal, scored).mean(),
         }
         # update_idx is not batched under vmap, so this cond is a real branch, not a select.
         jax.lax.cond((update_idx + 1) % progress_every == 0,
@@ -474,10 +505,11 @@ def make_train(args: Args):
     def train(key):
         k_env, k_run = jax.random.split(key)
         obs, env_state = env.reset(k_env, N)
-        runner = RunnerState(
-            jnp.zeros((N, num_states, num_actions)), jnp.zeros((N, num_states, num_actions), bool),
-            env_state, obs, jnp.zeros(N), jnp.zeros(N, jnp.int32), jnp.int32(0), k_run)
-        return jax.lax.scan(update_step, runner, jnp.arange(num_updates))
+        agents = Agents(jnp.zeros((N, num_states, num_actions)),
+                        jnp.zeros((N, num_states, num_actions), bool), env_state, obs,
+                        jnp.zeros(N), jnp.zeros(N, jnp.int32))
+        return jax.lax.scan(update_step, RunnerState(agents, jnp.int32(0), k_run),
+                            jnp.arange(num_updates))
 
     return train
 
@@ -595,8 +627,8 @@ def save_model(run_dir, args: Args, state: RunnerState):
     """Atomically write every seed's and agent's Q-table and visited pairs to model.msgpack."""
     payload = {
         "args": json.dumps(dataclasses.asdict(args)),
-        "q": np.asarray(state.q),            # [num_seeds, num_agents, num_states, num_actions]
-        "visited": np.asarray(state.visited),
+        "q": np.asarray(state.agents.q),  # [num_seeds, num_agents, num_states, num_actions]
+        "visited": np.asarray(state.agents.visited),
     }
     os.makedirs(run_dir, exist_ok=True)
     path = os.path.join(run_dir, "model.msgpack")
@@ -690,7 +722,7 @@ def main():
     if args.save_model:
         print(f"saved {save_model(run_dir, args, state)}")
     if args.plot:
-        print(f"saved {plot_q_values(run_dir, args, np.asarray(state.q[0, 0]))}")
+        print(f"saved {plot_q_values(run_dir, args, np.asarray(state.agents.q[0, 0]))}")
     print(summary(args, metrics, timing))
 
 

@@ -135,16 +135,18 @@ LEARNING = {
 
 
 @pytest.mark.parametrize("case", LEARNING)
-def test_learns_q_star(case):
+def test_learns_q_star(case, monkeypatch):
     spec = LEARNING[case]
+    # Small blocks (4 agents of the 4x4 grid, 1 of the maze), so the blocked update learns here.
+    monkeypatch.setattr(ql, "BLOCK_BYTES", 4 * 16 * 4 * 5)
     args = ql.validate(ql.Args(num_seeds=2, num_agents=8, total_timesteps=spec["budget"],
                                num_steps=spec["budget"] // 10, track=False, **spec["args"]))
     state, metrics, _ = ql.run(args)
     model = ql.make_env(args).model
     q_star = numpy_q_star(model, args.gamma)
     scored = scored_states(model)
-    q = np.asarray(state.q, np.float64).reshape(-1, *q_star.shape)
-    visited = np.asarray(state.visited).reshape(q.shape)
+    q = np.asarray(state.agents.q, np.float64).reshape(-1, *q_star.shape)
+    visited = np.asarray(state.agents.visited).reshape(q.shape)
     greedy = q == q.max(-1, keepdims=True)
     wrong = (greedy & ~optimal_actions(q_star)).any(-1) & scored
     assert not wrong.any(), np.argwhere(wrong)
@@ -173,6 +175,14 @@ def test_frozen_lake_learns():
     assert np.nanmean(returns[:, -1]) >= np.nanmean(returns[:, 0]) + 0.3, returns
 
 
+def test_block_size_splits_agents_evenly():
+    for n in [1, 30, 512, 1000, 4096, 32768, 65536, 10007]:
+        size = ql.block_size(n, 720)
+        assert n % size == 0
+        assert size * 720 <= ql.BLOCK_BYTES or size == n  # fits the cache, or no even split
+    assert ql.block_size(32768, 720) == 512 and ql.block_size(10007, 720) == 10007
+
+
 # ----------------------------------------------------------------------------- seed sweep
 TINY = dict(num_agents=8, total_timesteps=3_000, num_steps=1_000, track=False)
 
@@ -189,14 +199,14 @@ def test_seed_sweep_layout_and_determinism():
         np.testing.assert_allclose(one_device[key][:, 0], two_devices[key][:, 0], rtol=1e-5,
                                    atol=1e-7, err_msg=key)
         np.testing.assert_array_equal(two_devices[key], again[key], err_msg=key)
-    np.testing.assert_array_equal(state.q, again_state.q)
+    np.testing.assert_array_equal(state.agents.q, again_state.agents.q)
     np.testing.assert_allclose(one_device["stats/greedy_optimal"][:, -1],
                                two_devices["stats/greedy_optimal"][:, -1], atol=0.05)
     np.testing.assert_array_equal(two_devices["env_steps"][0], [8_000, 16_000, 24_000])
     # Seeds are independent experiments, and another --seed is another sweep.
-    td = np.asarray(two_devices["stats/td_error"])
-    assert len({float(x) for x in td[:, 0]}) == 4
-    assert not np.array_equal(td, np.asarray(other_seed["stats/td_error"]))
+    errors = np.asarray(two_devices["stats/q_error"])
+    assert len({float(x) for x in errors[:, 0]}) == 4
+    assert not np.array_equal(errors, np.asarray(other_seed["stats/q_error"]))
 
 
 def test_memory_does_not_grow_with_steps():
