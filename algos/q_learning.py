@@ -29,7 +29,6 @@ import os
 import sys
 import tempfile
 import time
-from collections import deque
 from functools import partial
 from typing import Callable, NamedTuple, Optional
 
