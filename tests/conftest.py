@@ -86,3 +86,23 @@ def read_scalars(run_dir, tag):
     if tag not in acc.Tags()["scalars"]:
         return []
     return [(e.step, e.value) for e in acc.Scalars(tag)]
+
+
+def assert_learns(module, spec):
+    """One row of a learning table: the derived budget is within `budget`, the seeds' final
+    returns reach `mean` (and `worst` for every seed), and the last 10% of updates score at least
+    `rise` above the first 10%."""
+    import numpy as np
+
+    args = module.validate(module.Args(num_seeds=spec["seeds"], track=False, **spec["args"]))
+    assert args.total_timesteps <= spec["budget"]
+    _, metrics, _ = module.run(args)
+    finals = module.final_returns(metrics)
+    assert finals.shape == (spec["seeds"],)
+    assert finals.mean() >= spec["mean"], finals
+    if spec["worst"] is not None:
+        assert finals.min() >= spec["worst"], finals
+    returns = np.asarray(metrics["episode_return"])
+    tenth = max(1, returns.shape[1] // 10)
+    first, last = np.nanmean(returns[:, :tenth]), np.nanmean(returns[:, -tenth:])
+    assert last - first >= spec["rise"], (first, last)

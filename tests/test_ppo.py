@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import ppo
-from conftest import assert_usage_error, read_scalars, run_script
+from conftest import assert_learns, assert_usage_error, read_scalars, run_script
 
 # One table: what a correct PPO reaches, the env-step budget it gets (default flags fill the rest),
 # on how many seeds. "final" = mean episode_return over the last 5% of updates; "rise" = how far
@@ -26,19 +26,7 @@ LEARNING = {
 
 @pytest.mark.parametrize("case", LEARNING)
 def test_learns(case):
-    spec = LEARNING[case]
-    args = ppo.validate(ppo.Args(num_seeds=spec["seeds"], track=False, **spec["args"]))
-    assert args.total_timesteps <= spec["budget"]
-    _, metrics, _ = ppo.run(args)
-    finals = ppo.final_returns(metrics)
-    assert finals.shape == (spec["seeds"],)
-    assert finals.mean() >= spec["mean"], finals
-    if spec["worst"] is not None:
-        assert finals.min() >= spec["worst"], finals
-    returns = np.asarray(metrics["episode_return"])
-    tenth = max(1, returns.shape[1] // 10)
-    first, last = np.nanmean(returns[:, :tenth]), np.nanmean(returns[:, -tenth:])
-    assert last - first >= spec["rise"], (first, last)
+    assert_learns(ppo, LEARNING[case])
 
 
 def gae_reference(rewards, values, next_values, terminated, truncated, gamma, lam):

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import vpg
-from conftest import assert_usage_error, read_scalars, run_script
+from conftest import assert_learns, assert_usage_error, read_scalars, run_script
 
 # Uniform random actions score -1229 per Pendulum-v1 episode (4096 episodes, sem 4.5). A correct
 # VPG with default flags, 300k steps, 20 seeds measured: means of 4 seeds -540 (--seed 1), -529 and
@@ -36,19 +36,7 @@ LEARNING = {
 
 @pytest.mark.parametrize("case", LEARNING)
 def test_learns(case):
-    spec = LEARNING[case]
-    args = vpg.validate(vpg.Args(num_seeds=spec["seeds"], track=False, **spec["args"]))
-    assert args.total_timesteps <= spec["budget"]
-    _, metrics, _ = vpg.run(args)
-    finals = vpg.final_returns(metrics)
-    assert finals.shape == (spec["seeds"],)
-    assert finals.mean() >= spec["mean"], finals
-    if spec["worst"] is not None:
-        assert finals.min() >= spec["worst"], finals
-    returns = np.asarray(metrics["episode_return"])
-    tenth = max(1, returns.shape[1] // 10)
-    first, last = np.nanmean(returns[:, :tenth]), np.nanmean(returns[:, -tenth:])
-    assert last - first >= spec["rise"], (first, last)
+    assert_learns(vpg, LEARNING[case])
 
 
 def internals(args):
