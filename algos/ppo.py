@@ -25,21 +25,29 @@ import json
 import os
 import sys
 import tempfile
+import threading
 import time
-from functools import partial
-from typing import Literal, NamedTuple, Optional, Sequence
+from typing import NamedTuple, Optional
+
+import jax
+
+# Before any JAX operation (importing gymnax runs some): a CPU process gets one device and XLA
+# runs these scan-bound programs mostly on one core; one device per core lets pmap use them all.
+if ("xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", "")
+        and jax.config.jax_num_cpu_devices < 0):
+    jax.config.update("jax_num_cpu_devices", os.cpu_count() or 1)
 
 import distrax
 import flax.linen as nn
 import flax.serialization
 import gymnax
-import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
 import tyro
 from flax.training.train_state import TrainState
 from gymnax.environments import spaces
+from jax.experimental.compilation_cache import compilation_cache
 
 
 # ============================================================================ 1. arguments
@@ -52,14 +60,18 @@ class Args:
     seed: int = 1
     """base seed: seed k of the sweep uses the k-th split of PRNGKey(seed)"""
     num_seeds: int = 4
-    """independent runs trained side by side (vmap on each device, pmap across devices);
-    must be a multiple of the number of devices"""
+    """independent runs trained side by side (vmap on each device, pmap across as many devices
+    as divide it; on CPU one device per core)"""
     track: bool = True
     """write tensorboard event files under --log-dir"""
     log_dir: str = "runs"
     """root directory of the tensorboard runs"""
     save_model: bool = False
     """write the final parameters of every seed to model.msgpack in the run directory"""
+    compile_cache_dir: str = os.environ.get("JAX_COMPILATION_CACHE_DIR",
+                                            os.path.expanduser("~/.cache/jax"))
+    """persistent compilation cache: a rerun of the same program skips most of the compile
+    ("" turns it off)"""
 
     # Algorithm. Fields left at None take a per-environment or derived default (fill_defaults).
     total_timesteps: Optional[int] = None
@@ -156,12 +168,10 @@ def validate(args: Args) -> Args:
         raise ArgError(f"--env-id {args.env_id!r} has an action space PPO here does not handle")
     if len(env.observation_space(env_params).shape) != 1:
         raise ArgError(f"--env-id {args.env_id!r} has non-vector observations (MLP policy only)")
-    for flag, value in [("--num-seeds", args.num_seeds), ("--num-envs", args.num_envs),
-                        ("--num-steps", args.num_steps), ("--num-minibatches", args.num_minibatches),
-                        ("--update-epochs", args.update_epochs), ("--hidden-size", args.hidden_size),
-                        ("--total-timesteps", args.total_timesteps)]:
-        if value is not None and value < 1:
-            raise ArgError(f"{flag} must be >= 1 (got {value})")
+    for name in ("num_seeds", "num_envs", "num_steps", "num_minibatches", "update_epochs",
+                 "hidden_size", "total_timesteps"):
+        if getattr(args, name) is not None and getattr(args, name) < 1:
+            raise ArgError(f"--{name.replace('_', '-')} must be >= 1 (got {getattr(args, name)})")
     if args.learning_rate is not None and not args.learning_rate > 0:
         raise ArgError(f"--learning-rate must be > 0 (got {args.learning_rate})")
     for flag, value in [("--ent-coef", args.ent_coef),
@@ -180,9 +190,6 @@ def validate(args: Args) -> Args:
     if args.total_timesteps < batch_size:
         raise ArgError(f"--total-timesteps {args.total_timesteps} is less than one batch "
                        f"(num_envs * num_steps = {batch_size})")
-    if args.num_seeds % jax.local_device_count():
-        raise ArgError(f"--num-seeds {args.num_seeds} must be a multiple of the "
-                       f"{jax.local_device_count()} devices")
     return args
 
 
@@ -212,23 +219,6 @@ def normalize(obs, stats: RunningStats, enabled: bool):
 
 
 # ============================================================================ 3. network
-@jax.custom_batching.sequential_vmap
-def qr_one_at_a_time(a):
-    # jaxlib 0.10's CPU LAPACK spreads a batched QR over the device thread pool and waits on it,
-    # which deadlocks when several host devices do so at once (pmap over vmapped seeds).
-    return jnp.linalg.qr(a)
-
-
-def orthogonal(scale):
-    """Orthogonal initialisation (Saxe et al. 2014), QR of a Gaussian matrix with sign fix."""
-    def init(key, shape, dtype=jnp.float32):
-        rows, cols = shape
-        q, r = qr_one_at_a_time(jax.random.normal(key, (max(rows, cols), min(rows, cols)), dtype))
-        q = q * jnp.sign(jnp.diag(r))
-        return scale * (q if rows >= cols else q.T)
-    return init
-
-
 class ActorCritic(nn.Module):
     """Separate tanh MLPs for the policy and the value; orthogonal initialisation."""
     action_dim: int
@@ -237,7 +227,7 @@ class ActorCritic(nn.Module):
 
     def setup(self):
         def mlp(out, out_scale):
-            init = orthogonal
+            init = nn.initializers.orthogonal
             return nn.Sequential([
                 nn.Dense(self.hidden_size, kernel_init=init(np.sqrt(2))), nn.tanh,
                 nn.Dense(self.hidden_size, kernel_init=init(np.sqrt(2))), nn.tanh,
@@ -298,7 +288,8 @@ def compute_gae(rewards, values, next_values, terminated, truncated, gamma, gae_
         adv = delta + mask * adv_next
         return adv, adv
 
-    _, advantages = jax.lax.scan(step, jnp.zeros_like(deltas[0]), (deltas, carry_mask), reverse=True)
+    _, advantages = jax.lax.scan(step, jnp.zeros_like(deltas[0]), (deltas, carry_mask),
+                                 reverse=True)
     return advantages, advantages + values
 
 
@@ -414,8 +405,7 @@ def make_train(args: Args):
         metrics["episode_length"] = jnp.where(count > 0, length_sum / count, jnp.nan)
         # update_idx is not batched under vmap, so this cond is a real branch, not a select.
         jax.lax.cond((update_idx + 1) % progress_every == 0,
-                     lambda: jax.debug.callback(report_progress, metrics["env_steps"],
-                                                metrics["episode_return"], num_updates),
+                     lambda: jax.debug.callback(PROGRESS, metrics),
                      lambda: None)
         return runner, metrics
 
@@ -435,26 +425,36 @@ def make_train(args: Args):
 
 
 # ============================================================================ 5. seed sweep
+CACHE_HITS = []
+jax.monitoring.register_event_listener(
+    lambda event, **_: CACHE_HITS.append(event) if event.endswith("cache_hits") else None)
+
+
 def run(args: Args, num_devices: Optional[int] = None):
     """Train args.num_seeds seeds as pmap over devices x vmap over seeds on each device.
 
-    Seed k always gets the k-th split of PRNGKey(args.seed), whatever the layout. Returns
+    Uses the largest number of local devices (at most num_devices) that divides the seeds. Seed k
+    always gets the k-th split of PRNGKey(args.seed), whatever the layout. Returns
     (final_runner_state, metrics, timing); every leaf has a leading [num_seeds] axis."""
     args = fill_defaults(args)
-    devices = jax.local_devices()[: num_devices or jax.local_device_count()]
+    limit = num_devices or jax.local_device_count()
+    devices = jax.local_devices()[: max(d for d in range(1, limit + 1) if args.num_seeds % d == 0)]
     keys = jax.random.split(jax.random.PRNGKey(args.seed), args.num_seeds)
     keys = keys.reshape(len(devices), args.num_seeds // len(devices), *keys.shape[1:])
     PROGRESS.start(args)
     t0 = time.perf_counter()
-    compiled = jax.pmap(jax.vmap(make_train(args)), devices=devices).lower(keys).compile()
-    compile_s = time.perf_counter() - t0
+    lowered = jax.pmap(jax.vmap(make_train(args)), devices=devices).lower(keys)
+    hits = len(CACHE_HITS)  # a hit from here on is the training program's
+    compiled = lowered.compile()
+    compile_s, cached = time.perf_counter() - t0, len(CACHE_HITS) > hits
     PROGRESS.t_start = time.perf_counter()
     state, metrics = jax.block_until_ready(compiled(keys))
     run_s = time.perf_counter() - PROGRESS.t_start
     merge = lambda x: x.reshape(args.num_seeds, *x.shape[2:])
     state, metrics = jax.tree.map(merge, (state, metrics))
     steps_taken = float(np.sum(metrics["env_steps"][:, -1]))  # all seeds, whole updates only
-    timing = {"compile_s": compile_s, "run_s": run_s, "sps": steps_taken / run_s}
+    timing = {"compile_s": compile_s, "run_s": run_s, "sps": steps_taken / run_s,
+              "devices": len(devices), "cached": cached}
     return state, metrics, timing
 
 
@@ -465,24 +465,27 @@ class Progress:
     def start(self, args: Args):
         self.args, self.pending, self.lines = args, {}, []
         self.t_start = time.perf_counter()
+        self.lock = threading.Lock()  # callbacks arrive on one thread per device
 
-    def __call__(self, env_steps, episode_return, num_updates):
-        steps = int(env_steps)
-        returns = self.pending.setdefault(steps, [])
-        returns.append(float(episode_return))
-        if len(returns) < self.args.num_seeds:
-            return
-        del self.pending[steps]
+    def __call__(self, metrics):
+        steps = int(metrics["env_steps"])
+        with self.lock:
+            returns = self.pending.setdefault(steps, [])
+            returns.append(float(metrics["episode_return"]))
+            if len(returns) < self.args.num_seeds:
+                return
+            del self.pending[steps]
         elapsed = time.perf_counter() - self.t_start
         sps = steps * self.args.num_seeds / max(elapsed, 1e-9)
         self.lines.append((steps, sps))
+        finished = [r for r in returns if np.isfinite(r)]
+        line = (f"return {np.mean(finished):8.2f} (mean of {len(finished)} seeds)" if finished
+                else "no episode finished yet")
         print(f"[{self.args.exp_name}] steps {steps:>10,} / {self.args.total_timesteps:,}  "
-              f"return {np.nanmean(returns):8.2f} (mean of {len(returns)} seeds)  "
-              f"SPS {sps:,.0f}", flush=True)
+              f"{line}  SPS {sps:,.0f}", flush=True)
 
 
 PROGRESS = Progress()
-report_progress = PROGRESS.__call__
 
 
 def final_returns(metrics, fraction=0.05):
@@ -515,10 +518,11 @@ class EventWriter:
 
 
 def run_dir_for(args: Args) -> str:
-    return os.path.join(args.log_dir, f"{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}")
+    name = f"{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}"
+    return os.path.join(args.log_dir, name)
 
 
-def write_tensorboard(run_dir, args: Args, metrics, timing):
+def write_tensorboard(run_dir, args: Args, metrics):
     table = "|param|value|\n|-|-|\n" + "\n".join(
         f"|{k}|{v}|" for k, v in dataclasses.asdict(args).items())
     tags = {"episode_return": "charts/episodic_return", "episode_length": "charts/episodic_length"}
@@ -555,17 +559,21 @@ def save_model(run_dir, args: Args, state: RunnerState):
 def summary(args: Args, metrics, timing) -> str:
     finals = final_returns(metrics)
     return "\n".join([
-        f"{args.exp_name} on {args.env_id}: {args.num_seeds} seeds x {args.total_timesteps:,} steps "
-        f"({args.num_envs} envs x {args.num_steps} steps per update)",
+        f"{args.exp_name} on {args.env_id}: {args.num_seeds} seeds x {args.total_timesteps:,} "
+        f"steps ({args.num_envs} envs x {args.num_steps} steps per update)",
         "final return per seed (last 5% of updates): " + " ".join(f"{r:.1f}" for r in finals),
-        f"mean {np.mean(finals):.2f}  min {np.min(finals):.2f}  |  compile {timing['compile_s']:.1f} s"
-        f"  run {timing['run_s']:.1f} s  |  {timing['sps']:,.0f} steps/s",
+        f"mean {np.mean(finals):.2f}  min {np.min(finals):.2f}  |  {timing['devices']} device(s)  "
+        f"compile {timing['compile_s']:.1f} s{' (cache)' if timing['cached'] else ''}  "
+        f"run {timing['run_s']:.1f} s  |  {timing['sps']:,.0f} steps/s",
     ])
 
 
 # ============================================================================ 7. main
 def main():
     args = tyro.cli(Args, description=__doc__.split("\n\n")[0])
+    # The cache is set up at the first compile (importing gymnax runs some): set it up again.
+    compilation_cache.set_cache_dir(args.compile_cache_dir or None)
+    compilation_cache.reset_cache()
     try:
         args = validate(args)
     except ArgError as e:
@@ -575,7 +583,7 @@ def main():
     metrics = jax.device_get(metrics)
     run_dir = run_dir_for(args)
     if args.track:
-        write_tensorboard(run_dir, args, metrics, timing)
+        write_tensorboard(run_dir, args, metrics)
     if args.save_model:
         print(f"saved {save_model(run_dir, args, state)}")
     print(summary(args, metrics, timing))

@@ -28,15 +28,29 @@ import json
 import os
 import sys
 import tempfile
+import threading
 import time
 from functools import partial
 from typing import Callable, NamedTuple, Optional
 
-import flax.serialization
 import jax
+
+# Process-wide XLA settings, read when JAX starts its backend (its first operation): made on
+# import, unless XLA_FLAGS or jax.config chose. One CPU device per core lets pmap use every core.
+if ("xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", "")
+        and jax.config.jax_num_cpu_devices < 0):
+    jax.config.update("jax_num_cpu_devices", os.cpu_count() or 1)
+# A step loop touching under 100 kB per iteration (one agent's) becomes one native loop instead
+# of an op launch per op (XLA:CPU's default limit is 1 kB): ~3M steps/s instead of 0.2M.
+if "xla_backend_extra_options" not in os.environ.get("XLA_FLAGS", ""):
+    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_backend_extra_options="
+                               "xla_cpu_small_while_loop_byte_threshold=100000").strip()
+
+import flax.serialization
 import jax.numpy as jnp
 import numpy as np
 import tyro
+from jax.experimental.compilation_cache import compilation_cache
 
 
 # ============================================================================ 1. arguments
@@ -49,8 +63,8 @@ class Args:
     seed: int = 1
     """base seed: seed k of the sweep uses the k-th split of PRNGKey(seed)"""
     num_seeds: int = 1
-    """independent runs trained side by side (vmap on each device, pmap across devices);
-    must be a multiple of the number of devices"""
+    """independent runs trained side by side (vmap on each device, pmap across as many devices
+    as divide it; on CPU one device per core)"""
     track: bool = True
     """write tensorboard event files under --log-dir"""
     log_dir: str = "runs"
@@ -59,6 +73,10 @@ class Args:
     """write the final Q-tables of every seed and agent to model.msgpack in the run directory"""
     plot: bool = False
     """save q_values.png in the run directory: max_a Q per cell (seed 0, agent 0) beside max_a Q*"""
+    compile_cache_dir: str = os.environ.get("JAX_COMPILATION_CACHE_DIR",
+                                            os.path.expanduser("~/.cache/jax"))
+    """persistent compilation cache: a rerun of the same program skips most of the compile
+    ("" turns it off)"""
 
     # GridWorld-v0 (FrozenLake-misc has its own map)
     grid_size: tuple[int, int] = (6, 6)
@@ -108,28 +126,19 @@ def validate(args: Args) -> Args:
     """Check every flag before anything is compiled."""
     if args.env_id not in ENV_IDS:
         raise ArgError(f"--env-id {args.env_id!r} is not one of {', '.join(ENV_IDS)}")
-    for flag, value in [("--num-seeds", args.num_seeds), ("--num-agents", args.num_agents),
-                        ("--num-steps", args.num_steps), ("--total-timesteps", args.total_timesteps),
-                        ("--max-episode-steps", args.max_episode_steps)]:
-        if value < 1:
-            raise ArgError(f"{flag} must be >= 1 (got {value})")
+    for name in ("num_seeds", "num_agents", "num_steps", "total_timesteps", "max_episode_steps"):
+        if getattr(args, name) < 1:
+            raise ArgError(f"--{name.replace('_', '-')} must be >= 1 (got {getattr(args, name)})")
     if args.total_timesteps < args.num_steps:
         raise ArgError(f"--total-timesteps {args.total_timesteps} is less than one update "
                        f"(--num-steps {args.num_steps})")
-    if not 0 < args.learning_rate <= 1:
-        raise ArgError(f"--learning-rate must be in (0, 1] (got {args.learning_rate})")
-    if not 0 <= args.gamma < 1:
-        raise ArgError(f"--gamma must be in [0, 1) (got {args.gamma})")
-    for flag, value in [("--start-e", args.start_e), ("--end-e", args.end_e), ("--slip", args.slip)]:
-        if not 0 <= value <= 1:
-            raise ArgError(f"{flag} must be in [0, 1] (got {value})")
-    if not 0 < args.exploration_fraction <= 1:
-        raise ArgError(f"--exploration-fraction must be in (0, 1] (got {args.exploration_fraction})")
+    for name, rule in [("learning_rate", "(0, 1]"), ("gamma", "[0, 1)"), ("start_e", "[0, 1]"),
+                       ("end_e", "[0, 1]"), ("slip", "[0, 1]"), ("exploration_fraction", "(0, 1]")]:
+        x = getattr(args, name)  # the rule's brackets say which ends are included
+        if not ((0 <= x if rule[0] == "[" else 0 < x) and (x <= 1 if rule[-1] == "]" else x < 1)):
+            raise ArgError(f"--{name.replace('_', '-')} must be in {rule} (got {x})")
     if args.env_id == "GridWorld-v0":
         validate_grid(args)
-    if args.num_seeds % jax.local_device_count():
-        raise ArgError(f"--num-seeds {args.num_seeds} must be a multiple of the "
-                       f"{jax.local_device_count()} devices")
     return args
 
 
@@ -172,7 +181,7 @@ class TabularModel(NamedTuple):
 class TabularEnv(NamedTuple):
     """What training needs from an environment, every function batched over the agents."""
     reset: Callable  # (key, n) -> (obs [n], state)
-    step: Callable   # (key, state, action [n]) -> (obs, state, reward, terminated, truncated, final_obs)
+    step: Callable   # (key, state, action [n]) -> (obs, state, reward, term., trunc., final_obs)
     model: TabularModel
     shape: tuple     # (rows, cols): how the states lie on a grid, for the heat map
 
@@ -263,7 +272,7 @@ def gridworld_env(args: Args) -> TabularEnv:
 
 # ---------------------------------------------------------------- gymnax FrozenLake-misc
 def frozen_lake_env(args: Args) -> TabularEnv:
-    import gymnax  # here, not at the top: importing gymnax starts jax (see compile_small_loops_whole)
+    import gymnax  # here, not at the top: importing it takes seconds, and only this env needs it
 
     env, params = gymnax.make("FrozenLake-misc")
     params = params.replace(max_steps_in_episode=args.max_episode_steps)
@@ -300,8 +309,9 @@ def frozen_lake_model(env) -> TabularModel:
             continue
         r, c = divmod(s, cols)
         for a in range(A):
-            outcomes = ([(a, env.success_rate), ((a - 1) % A, (1 - env.success_rate) / 2),
-                         ((a + 1) % A, (1 - env.success_rate) / 2)] if env.is_slippery else [(a, 1.0)])
+            side = (1 - env.success_rate) / 2
+            outcomes = ([(a, env.success_rate), ((a - 1) % A, side), ((a + 1) % A, side)]
+                        if env.is_slippery else [(a, 1.0)])
             for move, p in outcomes:
                 r2 = min(max(r + directions[move][0], 0), rows - 1)
                 c2 = min(max(c + directions[move][1], 0), cols - 1)
@@ -422,7 +432,10 @@ def block_size(num_agents: int, bytes_per_agent: int) -> int:
 
 
 def make_train(args: Args):
-    """train(key) -> (final RunnerState, metrics of shape [num_updates]): one seed's whole run."""
+    """train(key) -> (final RunnerState, metrics of shape [num_updates]): one seed's whole run.
+
+    A single agent runs ~15x slower unless this module was imported before JAX's first operation
+    (see the small-loop setting under the imports) or XLA_FLAGS sets that option itself."""
     env = make_env(args)
     model = env.model
     N = args.num_agents
@@ -494,10 +507,7 @@ def make_train(args: Args):
         }
         # update_idx is not batched under vmap, so this cond is a real branch, not a select.
         jax.lax.cond((update_idx + 1) % progress_every == 0,
-                     lambda: jax.debug.callback(report_progress, metrics["env_steps"],
-                                                metrics["episode_return"],
-                                                metrics["stats/greedy_optimal"],
-                                                metrics["stats/q_error"]),
+                     lambda: jax.debug.callback(PROGRESS, metrics),
                      lambda: None)
         return runner, metrics
 
@@ -519,26 +529,36 @@ def make_train(args: Args):
 COMPILER_OPTIONS = {"xla_cpu_experimental_ynn_fusion_type": ""}
 
 
+CACHE_HITS = []
+jax.monitoring.register_event_listener(
+    lambda event, **_: CACHE_HITS.append(event) if event.endswith("cache_hits") else None)
+
+
 def run(args: Args, num_devices: Optional[int] = None):
     """Train args.num_seeds seeds as pmap over devices x vmap over seeds on each device.
 
-    Seed k always gets the k-th split of PRNGKey(args.seed), whatever the layout. Returns
+    Uses the largest number of local devices (at most num_devices) that divides the seeds. Seed k
+    always gets the k-th split of PRNGKey(args.seed), whatever the layout. Returns
     (final_runner_state, metrics, timing); every leaf has a leading [num_seeds] axis."""
-    devices = jax.local_devices()[: num_devices or jax.local_device_count()]
+    limit = num_devices or jax.local_device_count()
+    devices = jax.local_devices()[: max(d for d in range(1, limit + 1) if args.num_seeds % d == 0)]
     keys = jax.random.split(jax.random.PRNGKey(args.seed), args.num_seeds)
     keys = keys.reshape(len(devices), args.num_seeds // len(devices), *keys.shape[1:])
     PROGRESS.start(args)
     t0 = time.perf_counter()
     options = COMPILER_OPTIONS if devices[0].platform == "cpu" else None
-    compiled = jax.pmap(jax.vmap(make_train(args)), devices=devices).lower(keys).compile(options)
-    compile_s = time.perf_counter() - t0
+    lowered = jax.pmap(jax.vmap(make_train(args)), devices=devices).lower(keys)
+    hits = len(CACHE_HITS)  # a hit from here on is the training program's
+    compiled = lowered.compile(options)
+    compile_s, cached = time.perf_counter() - t0, len(CACHE_HITS) > hits
     PROGRESS.t_start = time.perf_counter()
     state, metrics = jax.block_until_ready(compiled(keys))
     run_s = time.perf_counter() - PROGRESS.t_start
     merge = lambda x: x.reshape(args.num_seeds, *x.shape[2:])
     state, metrics = jax.tree.map(merge, (state, metrics))
     steps_taken = float(np.sum(metrics["env_steps"][:, -1]))  # all seeds and agents
-    timing = {"compile_s": compile_s, "run_s": run_s, "sps": steps_taken / run_s}
+    timing = {"compile_s": compile_s, "run_s": run_s, "sps": steps_taken / run_s,
+              "devices": len(devices), "cached": cached}
     return state, metrics, timing
 
 
@@ -549,27 +569,30 @@ class Progress:
     def start(self, args: Args):
         self.args, self.pending, self.lines = args, {}, []
         self.t_start = time.perf_counter()
+        self.lock = threading.Lock()  # callbacks arrive on one thread per device
 
-    def __call__(self, env_steps, episode_return, greedy_optimal, q_error):
-        steps = int(env_steps)
-        reports = self.pending.setdefault(steps, [])
-        reports.append((float(episode_return), float(greedy_optimal), float(q_error)))
-        if len(reports) < self.args.num_seeds:
-            return
-        del self.pending[steps]
+    def __call__(self, metrics):
+        steps = int(metrics["env_steps"])
+        with self.lock:
+            reports = self.pending.setdefault(steps, [])
+            reports.append([float(metrics[k]) for k in ("episode_return", "stats/greedy_optimal",
+                                                        "stats/q_error")])
+            if len(reports) < self.args.num_seeds:
+                return
+            del self.pending[steps]
         returns, optimal, errors = np.array(reports).T
+        returns = returns[np.isfinite(returns)]
         elapsed = time.perf_counter() - self.t_start
         sps = steps * self.args.num_seeds / max(elapsed, 1e-9)
         self.lines.append((steps, sps))
         total = self.args.total_timesteps * self.args.num_agents
-        print(f"[{self.args.exp_name}] steps {steps:>12,} / {total:,}  "
-              f"return {np.nanmean(returns):6.3f}  greedy optimal {np.mean(optimal):6.1%}  "
-              f"q_error {np.mean(errors):.2e} (mean of {len(reports)} seeds)  SPS {sps:,.0f}",
-              flush=True)
+        line = f"return {np.mean(returns):6.3f}" if len(returns) else "no episode finished yet"
+        print(f"[{self.args.exp_name}] steps {steps:>12,} / {total:,}  {line}  greedy optimal "
+              f"{np.mean(optimal):6.1%}  q_error {np.mean(errors):.2e} (mean of {len(reports)} "
+              f"seeds)  SPS {sps:,.0f}", flush=True)
 
 
 PROGRESS = Progress()
-report_progress = PROGRESS.__call__
 
 
 def final_returns(metrics, fraction=0.05):
@@ -602,10 +625,11 @@ class EventWriter:
 
 
 def run_dir_for(args: Args) -> str:
-    return os.path.join(args.log_dir, f"{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}")
+    name = f"{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}"
+    return os.path.join(args.log_dir, name)
 
 
-def write_tensorboard(run_dir, args: Args, metrics, timing):
+def write_tensorboard(run_dir, args: Args, metrics):
     table = "|param|value|\n|-|-|\n" + "\n".join(
         f"|{k}|{v}|" for k, v in dataclasses.asdict(args).items())
     tags = {"episode_return": "charts/episodic_return", "episode_length": "charts/episodic_length"}
@@ -687,27 +711,18 @@ def summary(args: Args, metrics, timing) -> str:
         "final return per seed (last 5% of updates): " + " ".join(f"{r:.3f}" for r in finals),
         "greedy optimal per seed (mean over agents): " + " ".join(f"{x:.1%}" for x in optimal),
         "q_error per seed (mean over agents):        " + " ".join(f"{x:.2e}" for x in errors),
-        f"mean return {np.mean(finals):.3f}  |  compile {timing['compile_s']:.1f} s  run "
+        f"mean return {np.mean(finals):.3f}  |  {timing['devices']} device(s)  compile "
+        f"{timing['compile_s']:.1f} s{' (cache)' if timing['cached'] else ''}  run "
         f"{timing['run_s']:.1f} s  |  {timing['sps']:,.0f} agent-steps/s",
     ])
 
 
 # ============================================================================ 7. main
-def compile_small_loops_whole():
-    """Let XLA:CPU compile a while loop that touches under 100 kB per iteration into one native
-    loop instead of launching each op of its body separately (its default limit is 1 kB). A single
-    agent's step loop is that small: about 3M steps/s instead of 0.2M. The flag is read when jax
-    starts its backend (the first computation, or importing gymnax: hence its late import), and it
-    is process-wide, so only the script sets it, first thing (not on import, nor main() called
-    from another program); an explicit setting in XLA_FLAGS wins."""
-    flags = os.environ.get("XLA_FLAGS", "")
-    if "xla_backend_extra_options" not in flags:
-        os.environ["XLA_FLAGS"] = (flags + " --xla_backend_extra_options="
-                                   "xla_cpu_small_while_loop_byte_threshold=100000").strip()
-
-
 def main():
     args = tyro.cli(Args, description=__doc__.split("\n\n")[0])
+    # The cache is set up at the first compile (importing gymnax runs some): set it up again.
+    compilation_cache.set_cache_dir(args.compile_cache_dir or None)
+    compilation_cache.reset_cache()
     try:
         args = validate(args)
     except ArgError as e:
@@ -717,7 +732,7 @@ def main():
     metrics = jax.device_get(metrics)
     run_dir = run_dir_for(args)
     if args.track:
-        write_tensorboard(run_dir, args, metrics, timing)
+        write_tensorboard(run_dir, args, metrics)
     if args.save_model:
         print(f"saved {save_model(run_dir, args, state)}")
     if args.plot:
@@ -726,5 +741,4 @@ def main():
 
 
 if __name__ == "__main__":
-    compile_small_loops_whole()
     main()

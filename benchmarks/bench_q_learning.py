@@ -9,6 +9,7 @@ seeds (one per device) of N/2 agents, so the rate is the aggregate over both cor
 """
 from __future__ import annotations
 
+import os
 import sys
 import time
 from pathlib import Path
@@ -26,14 +27,14 @@ AGENT_COUNTS = (1, 30, 1024, 8192, 65536)
 # ----------------------------------------------------------------------------- workers
 def jax_workload(config: dict) -> dict:
     """Compile the whole run once, then time several runs of it (the steady state)."""
+    if not config["small_loops"]:  # any value here stops the file from raising XLA's limit
+        os.environ["XLA_FLAGS"] += " --xla_backend_extra_options="
     ql = common.import_algo("q_learning")
-    if config["small_loops"]:
-        ql.compile_small_loops_whole()  # what `python algos/q_learning.py` does first
     import dataclasses
 
     import jax
 
-    ql.report_progress = lambda *a: None  # the progress lines are not part of the measurement
+    ql.Progress.__call__ = lambda *a: None  # the progress lines are not part of the measurement
     agents = config["agents"]
     seeds = 2 if agents >= 2 else 1
     args = dataclasses.replace(
@@ -128,7 +129,8 @@ def run(quick: bool) -> str:
         common.md_table(headers, rows),
         f"Default 6x6 GridWorld maze, {size['num_steps']} steps per update; {repeats} timed runs "
         f"after a compile and a warm-up run. Speedup over the numpy loop: "
-        f"{rates[1] / base['rate']:.0f}x for 1 agent, {max(rates.values()) / base['rate']:,.0f}x at "
+        f"{rates[1] / base['rate']:.0f}x for 1 agent, "
+        f"{max(rates.values()) / base['rate']:,.0f}x at "
         f"best. Reference (from the issue, same machine, not rerun here): the seed article's "
         f"vmapped JAX Q-learning (RPegoud/jax_rl) runs 0.10 M steps/s for 1 agent and 0.39 M for "
         f"30, with 13.7 GiB peak memory (it keeps every step's Q-table).",
@@ -153,7 +155,7 @@ def memory_table() -> str:
 
 
 def small_loops_table(repeats: int) -> str:
-    """What compile_small_loops_whole() buys: XLA's default runs each op of a small loop body as a
+    """What the file's small-loop setting buys: XLA's default runs each op of a small loop body as a
     separate call; with it, one agent's whole step loop is compiled as one native loop."""
     rows = []
     for agents in (1, 30):
@@ -163,7 +165,7 @@ def small_loops_table(repeats: int) -> str:
                                                 "small_loops": small_loops}, env=TWO_DEVICES)
             rows.append([agents, "raised to 100 kB" if small_loops else "XLA default (1 kB)",
                          result["rate"] / 1e6])
-    return ("XLA:CPU small-while-loop limit (the script raises it; see compile_small_loops_whole), "
+    return ("XLA:CPU small-while-loop limit (the file raises it on import), "
             "1e6 agent-steps in updates of 100 steps. Only a single agent's loop qualifies: with "
             "more, the table write is a scatter, which XLA keeps out of such loops.\n\n"
             + common.md_table(["agents", "limit", "M agent-steps/s (median)"], rows))

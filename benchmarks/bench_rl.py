@@ -41,7 +41,8 @@ def worker(config):
     time_to_threshold = None
     if reached.size:
         fraction = (reached[0] + 1) / len(steps)
-        time_to_threshold = (run_start - PROCESS_START) + timing["compile_s"] + fraction * timing["run_s"]
+        time_to_threshold = ((run_start - PROCESS_START) + timing["compile_s"]
+                             + fraction * timing["run_s"])
     every = max(1, len(steps) // 200)
     return {
         "compile_s": timing["compile_s"], "run_s": timing["run_s"], "sps": timing["sps"],
@@ -114,8 +115,9 @@ def returns_table(algos, quick):
             lo, hi = common.bootstrap_ci(final)
             ilo, ihi = common.bootstrap_ci(final, stat=common.iqm)
             rows.append([algo, env_id, seeds, f"{r['total_steps']:,}", f"{final.mean():.1f}",
-                         f"[{lo:.1f}, {hi:.1f}]", f"{common.iqm(final):.1f}", f"[{ilo:.1f}, {ihi:.1f}]",
-                         f"{final.min():.1f}", f"{r['whole_process_s']:.1f}"])
+                         f"[{lo:.1f}, {hi:.1f}]", f"{common.iqm(final):.1f}",
+                         f"[{ilo:.1f}, {ihi:.1f}]", f"{final.min():.1f}",
+                         f"{r['whole_process_s']:.1f}"])
             curves[(algo, env_id)] = r
     headers = ["algo", "env", "seeds", "steps/seed", "final return mean", "95% CI",
                "IQM", "IQM 95% CI", "worst seed", "whole process s"]
@@ -138,8 +140,8 @@ def plot_curves(env_id, results):
         curve = np.array([[np.nan if v is None else v for v in seed] for seed in r["curve"]])
         steps = np.asarray(r["curve_steps"])
         mean = np.nanmean(curve, axis=0)
-        cis = np.array([common.bootstrap_ci(col[~np.isnan(col)], n_boot=500) if np.sum(~np.isnan(col)) > 1
-                        else (np.nan, np.nan) for col in curve.T])
+        cis = np.array([common.bootstrap_ci(col[~np.isnan(col)], n_boot=500)
+                        if np.sum(~np.isnan(col)) > 1 else (np.nan, np.nan) for col in curve.T])
         ax.plot(steps, mean, label=f"{algo} ({curve.shape[0]} seeds)")
         ax.fill_between(steps, cis[:, 0], cis[:, 1], alpha=0.25)
     ax.set_xlabel("environment steps per seed")

@@ -43,7 +43,7 @@ def machine_header() -> str:
     )
 
 
-# ----------------------------------------------------------------------------- tables and statistics
+# ---------------------------------------------------------------------------- tables and statistics
 def md_table(headers: list[str], rows: list[list]) -> str:
     def fmt(v):
         if isinstance(v, float):
@@ -82,7 +82,7 @@ def peak_rss_mib() -> float:
 
 
 def time_calls(fn, repeats: int):
-    """Call `fn` once to compile/warm up, then `repeats` more times; return (first_s, [steady_s])."""
+    """Call `fn` once to compile/warm up, then `repeats` more times: (first_s, [steady_s])."""
     t0 = time.perf_counter()
     fn()
     first = time.perf_counter() - t0

@@ -53,7 +53,8 @@ def rejax_worker(env_id, steps, seed):
             self.env = env
 
         def step(self, key, state, action, params=None):
-            obs, state, reward, terminated, truncated, info = self.env.step(key, state, action, params)
+            obs, state, reward, terminated, truncated, info = self.env.step(
+                key, state, action, params)
             return obs, state, reward, terminated | truncated, info
 
         def __getattr__(self, name):  # only reached for what the wrapper does not define
@@ -118,8 +119,9 @@ def run(quick: bool, selected=("ppo",)) -> str:
                "whole process s", "whole process vs ours"]
     text = ("### Reference implementations (1 seed each, same budget)\n\n"
             "Final return: ours and rejax as in the tables above (rejax: its last evaluation); "
-            "SB3: mean of its last 20 training episodes. Train s excludes our compile but includes rejax's "
-            "(its first jitted call); whole process counts everything from interpreter start.")
+            "SB3: mean of its last 20 training episodes. Train s excludes our compile but "
+            "includes rejax's (its first jitted call); whole process counts everything from "
+            "interpreter start.")
     if rows:
         text += "\n\n" + common.md_table(headers, rows)
     return text + ("\n\n" + "\n".join(lines) if lines else "")

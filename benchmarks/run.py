@@ -30,7 +30,8 @@ def main(argv=None):
     parser.add_argument("--quick", action="store_true", help="tiny budgets: checks the pipeline")
     parser.add_argument("--only", default=",".join(ALL), help=f"comma list out of {','.join(ALL)}")
     parser.add_argument("--peers", action="store_true",
-                        help="also run reference implementations (benchmarks/requirements-peers.txt)")
+                        help="also run reference implementations "
+                             "(benchmarks/requirements-peers.txt)")
     parser.add_argument("--out", type=Path, default=common.RESULTS, help="output folder")
     opts = parser.parse_args(argv)
     selected = [name.strip() for name in opts.only.split(",") if name.strip()]
@@ -41,7 +42,8 @@ def main(argv=None):
     opts.out.mkdir(parents=True, exist_ok=True)
     common.RESULTS = opts.out
     t0 = time.time()
-    mode = "quick (tiny budgets: numbers check the pipeline, not the algorithms)" if opts.quick else "full"
+    mode = ("quick (tiny budgets: numbers check the pipeline, not the algorithms)" if opts.quick
+            else "full")
     parts = ["# Benchmark results", common.machine_header(),
              f"Produced by `python benchmarks/run.py{' --quick' if opts.quick else ''}"
              f"{' --peers' if opts.peers else ''}` ({mode}), {time.strftime('%Y-%m-%d')}."]
@@ -51,7 +53,8 @@ def main(argv=None):
             continue
         print(f"running {module_name} for {', '.join(chosen)} ...", flush=True)
         module = __import__(module_name)
-        text = module.run(opts.quick, chosen) if module_name == "bench_rl" else module.run(opts.quick)
+        text = (module.run(opts.quick, chosen) if module_name == "bench_rl"
+                else module.run(opts.quick))
         parts.append(text)
     if opts.peers:
         import peers

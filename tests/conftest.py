@@ -1,22 +1,24 @@
 """Shared test setup and helpers.
 
-Two host CPU devices (so every run exercises the pmap path), algos/ on sys.path, and the helpers
+Two host CPU devices (so every run exercises the pmap path), a temporary compilation cache (the
+user's own is never touched), algos/ on sys.path, and the helpers
 the per-algorithm test files share: running a script as a user would, checking a usage error, and
 reading tensorboard scalars back."""
 import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
-# Must happen before jax is imported anywhere in the test process.
-# Beware: with jaxlib 0.10.2, a *batched* LAPACK call (jnp.linalg.qr/solve/cholesky under vmap)
-# inside pmap over these 2 host devices can deadlock (each device thread waits on sub-tasks queued
-# to the pool it occupies). Algorithm files keep such calls unbatched, e.g. with
-# jax.custom_batching.sequential_vmap (see orthogonal() in algos/ppo.py).
+# Must happen before jax is imported anywhere in the test process (and is inherited by the
+# scripts the tests start): 2 host devices, and a compilation cache that lives as long as this
+# test session, shared by its tests. The scripts' --compile-cache-dir defaults to this variable.
 _DEVICES_FLAG = "--xla_force_host_platform_device_count=2"
 if _DEVICES_FLAG not in os.environ.get("XLA_FLAGS", ""):
     os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + _DEVICES_FLAG).strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+_CACHE = tempfile.TemporaryDirectory(prefix="jax-cache-")
+os.environ["JAX_COMPILATION_CACHE_DIR"] = _CACHE.name
 
 ROOT = Path(__file__).resolve().parents[1]
 ALGOS = ROOT / "algos"
@@ -24,12 +26,14 @@ if str(ALGOS) not in sys.path:
     sys.path.insert(0, str(ALGOS))
 
 
-def run_script(script, *flags, cwd=None, timeout=300):
-    """Run `algos/<script>` (or a path) as a user would, on 2 host devices; returns CompletedProcess."""
+def run_script(script, *flags, cwd=None, timeout=300, env=None):
+    """Run `algos/<script>` (or a path) as a user would, on 2 host devices (XLA_FLAGS) and the
+    session's temporary compilation cache, or in `env`; returns the CompletedProcess."""
     path = Path(script) if Path(script).is_absolute() else ALGOS / script
     return subprocess.run(
-        [sys.executable, str(path), *map(str, flags)],
-        cwd=cwd or ROOT, env=dict(os.environ), capture_output=True, text=True, timeout=timeout,
+        [sys.executable, str(path), *map(str, flags)], cwd=cwd or ROOT,
+        env=dict(os.environ) if env is None else env, capture_output=True, text=True,
+        timeout=timeout,
     )
 
 

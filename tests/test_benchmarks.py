@@ -2,8 +2,6 @@
 import subprocess
 import sys
 
-import pytest
-
 from conftest import ROOT
 
 QUICK_SECTION = "q_learning"  # the cheapest section; the others share the same pipeline

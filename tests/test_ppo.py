@@ -1,4 +1,5 @@
-"""PPO: learning curves against stated thresholds, GAE against a plain loop, the seed sweep, the CLI."""
+"""PPO: learning curves against stated thresholds, GAE against a plain loop, the seed sweep and
+the CLI."""
 import dataclasses
 import shutil
 
@@ -54,7 +55,8 @@ def test_gae_matches_plain_loop():
     truncated = (rng.random((T, N)) < 0.1) & ~terminated
     truncated[5, 0] = terminated[5, 0] = True  # both at once: no bootstrap, the recursion stops
     adv, targets = ppo.compute_gae(
-        *(jnp.asarray(x, jnp.float32) for x in (rewards, values, next_values, terminated, truncated)),
+        *(jnp.asarray(x, jnp.float32)
+          for x in (rewards, values, next_values, terminated, truncated)),
         gamma, lam)
     ref_adv, ref_targets = gae_reference(rewards, values, next_values, terminated, truncated,
                                          gamma, lam)
@@ -128,7 +130,7 @@ def test_copied_file_runs_alone(tmp_path):
 
 @pytest.mark.parametrize("flags, flag", [
     (["--num-envs", "0"], "--num-envs"),
-    (["--num-seeds", "3"], "--num-seeds"),
+    (["--num-seeds", "0"], "--num-seeds"),
     (["--env-id", "NoSuchEnv-v0"], "--env-id"),
     (["--num-envs", "10", "--num-steps", "10", "--num-minibatches", "3"], "--num-minibatches"),
     (["--learning-rate", "-0.001"], "--learning-rate"),

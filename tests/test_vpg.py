@@ -247,7 +247,7 @@ def test_copied_file_runs_alone_and_writes_events_and_model(user_run):
 
 @pytest.mark.parametrize("flags, flag", [
     (["--num-envs", "0"], "--num-envs"),
-    (["--num-seeds", "3"], "--num-seeds"),
+    (["--num-seeds", "0"], "--num-seeds"),
     (["--env-id", "NoSuchEnv-v0"], "--env-id"),
     (["--num-envs", "10", "--num-steps", "10", "--num-minibatches", "3"], "--num-minibatches"),
     (["--learning-rate", "-0.001"], "--learning-rate"),

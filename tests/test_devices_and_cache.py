@@ -1,0 +1,91 @@
+"""What every training script does with the machine, checked on each: one CPU device per core
+unless the user chose a count, the largest device count that divides the seeds, and the
+persistent compilation cache (a rerun of the same command compiles from it)."""
+import os
+import re
+import threading
+
+import numpy as np
+import pytest
+
+import ppo
+import q_learning as ql
+import vpg
+from conftest import run_script
+
+TINY = {  # script -> flags of a run that compiles and trains in a few seconds
+    "ppo.py": ["--num-envs", 4, "--num-steps", 16, "--num-minibatches", 2,
+               "--total-timesteps", 4 * 16 * 2],
+    "vpg.py": ["--num-envs", 4, "--num-steps", 16, "--num-minibatches", 2,
+               "--total-timesteps", 4 * 16 * 2],
+    "q_learning.py": ["--num-agents", 2, "--num-steps", 10, "--total-timesteps", 20],
+}
+
+
+@pytest.mark.parametrize("script", sorted(TINY))
+def test_one_device_per_core_and_cache_on_rerun(script, tmp_path):
+    """Without XLA_FLAGS, a sweep of os.cpu_count() seeds runs on that many devices; the second
+    run of the same command compiles from the cache directory the first one filled. (JAX skips
+    compiles under a second by default; these tiny programs may be that fast.)"""
+    cores = os.cpu_count()
+    env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_NUM_CPU_DEVICES")}
+    env["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
+    flags = [*TINY[script], "--num-seeds", cores, "--no-track",
+             "--compile-cache-dir", tmp_path / "cache"]
+    first, second = (run_script(script, *flags, cwd=tmp_path, env=env) for _ in range(2))
+    for proc in (first, second):
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        assert f" {cores} device(s)" in proc.stdout, proc.stdout
+    assert "(cache)" not in first.stdout and any((tmp_path / "cache").iterdir())
+    assert re.search(r"compile [\d.]+ s \(cache\)", second.stdout), second.stdout
+
+
+@pytest.mark.parametrize("module", [ppo, vpg, ql], ids=lambda m: m.__name__)
+def test_seeds_not_divisible_by_devices_use_fewer(module):
+    """3 seeds on 2 devices run on 1 device (the largest count dividing 3) instead of failing."""
+    flags = dict(zip(*[iter(TINY[os.path.basename(module.__file__)])] * 2))
+    fields = {k.lstrip("-").replace("-", "_"): v for k, v in flags.items()}
+    args = module.validate(module.Args(num_seeds=3, track=False, **fields))
+    _, metrics, timing = module.run(args)
+    assert timing["devices"] == 1
+    assert np.asarray(metrics["env_steps"]).shape[0] == 3
+
+
+@pytest.mark.parametrize("module", [ppo, vpg, ql], ids=lambda m: m.__name__)
+def test_progress_is_thread_safe(module, capsys):
+    """Callbacks arrive on one thread per device: many threads reporting the same updates at
+    once must print each update exactly once and never fail."""
+    seeds, updates = 8, 200
+    module.PROGRESS.start(module.Args(num_seeds=seeds, total_timesteps=updates))
+    metrics = lambda step: {"env_steps": step, "episode_return": np.float32(1.0),
+                            "stats/greedy_optimal": 1.0, "stats/q_error": 0.0}
+    errors = []
+
+    def report():
+        try:
+            for step in range(1, updates + 1):
+                module.PROGRESS(metrics(step))
+        except Exception as e:  # noqa: BLE001 - any failure inside a callback fails the run
+            errors.append(e)
+
+    threads = [threading.Thread(target=report) for _ in range(seeds)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == updates and not module.PROGRESS.pending
+    assert len(module.PROGRESS.lines) == updates
+
+
+@pytest.mark.parametrize("module", [ppo, vpg, ql], ids=lambda m: m.__name__)
+def test_progress_before_any_episode_ends(module, capsys):
+    """Before any episode has finished, the progress line says so instead of printing nan."""
+    module.PROGRESS.start(module.Args(num_seeds=2, total_timesteps=10))
+    for _ in range(2):
+        module.PROGRESS({"env_steps": 5, "episode_return": np.float32(np.nan),
+                         "stats/greedy_optimal": 0.0, "stats/q_error": 1.0})
+    out = capsys.readouterr()
+    assert "no episode finished yet" in out.out and "nan" not in out.out
+    assert "Mean of empty slice" not in out.err
