@@ -16,14 +16,15 @@ Run it:
     python algos/q_learning.py --env-id FrozenLake-misc --num-agents 1024
 
 Expect (defaults, a few seconds on a laptop CPU): every agent's greedy policy is optimal in every
-reachable state (stats/greedy_optimal 1.0) and stats/q_error, the largest |Q - Q*| over the pairs an
-agent visited (mean over agents), is about 1e-3: actions tried rarely lag, the values of the greedy
-ones match Q* to 1e-5. With --slip 0.2 greedy_optimal is about 98% (a few states have action gaps
-of 0.001) and q_error about 1e-2; on FrozenLake-misc greedy_optimal is 99-100%, q_error about 0.07.
+reachable state (stats/greedy_optimal 1.0); stats/q_error, max |Q - Q*| over the pairs an agent
+visited (mean over agents), is about 1e-3 (rarely tried actions lag; greedy values match to 1e-5).
+With --slip 0.2 greedy_optimal is ~98% (action gaps of 0.001) and q_error ~1e-2; on
+FrozenLake-misc greedy_optimal is 99-100%, q_error about 0.07.
 """
 
 # ============================================================================ imports
 import dataclasses
+import itertools
 import json
 import os
 import sys
@@ -51,6 +52,8 @@ import jax.numpy as jnp
 import numpy as np
 import tyro
 from jax.experimental.compilation_cache import compilation_cache
+from scipy.sparse.csgraph import breadth_first_order
+from scipy.stats import trim_mean
 
 
 # ============================================================================ 1. arguments
@@ -63,8 +66,7 @@ class Args:
     seed: int = 1
     """base seed: seed k of the sweep uses the k-th split of PRNGKey(seed)"""
     num_seeds: int = 1
-    """independent runs trained side by side (vmap on each device, pmap across as many devices
-    as divide it; on CPU one device per core)"""
+    """independent runs side by side: vmap per device, pmap over the devices (on CPU, cores)"""
     track: bool = True
     """write tensorboard event files under --log-dir"""
     log_dir: str = "runs"
@@ -75,8 +77,7 @@ class Args:
     """save q_values.png in the run directory: max_a Q per cell (seed 0, agent 0) beside max_a Q*"""
     compile_cache_dir: str = os.environ.get("JAX_COMPILATION_CACHE_DIR",
                                             os.path.expanduser("~/.cache/jax"))
-    """persistent compilation cache: a rerun of the same program skips most of the compile
-    ("" turns it off)"""
+    """persistent compilation cache, so a rerun skips most of the compile ("" turns it off)"""
 
     # GridWorld-v0 (FrozenLake-misc has its own map)
     grid_size: tuple[int, int] = (6, 6)
@@ -100,26 +101,48 @@ class Args:
     """environment steps per agent"""
     num_steps: int = 1_000
     """steps per agent per update; an update is one row of metrics (tensorboard, progress)"""
-    learning_rate: float = 0.1
-    """step size of the Q-update (annealed linearly to 0 with --anneal-lr)"""
+    # Flags marked "sweep" take several values: all combinations train in one program (HPARAMS).
+    learning_rate: tuple[float, ...] = (0.1,)
+    """sweep: step size of the Q-update (annealed linearly to 0 with --anneal-lr)"""
     anneal_lr: bool = True
     """anneal the learning rate linearly to 0 over the run, so Q settles in stochastic envs"""
-    gamma: float = 0.95
-    """discount factor"""
-    start_e: float = 1.0
-    """epsilon of the epsilon-greedy policy at the start"""
-    end_e: float = 0.05
-    """epsilon at the end of the exploration phase and after it"""
+    gamma: tuple[float, ...] = (0.95,)
+    """sweep: discount factor"""
+    start_e: tuple[float, ...] = (1.0,)
+    """sweep: epsilon of the epsilon-greedy policy at the start"""
+    end_e: tuple[float, ...] = (0.05,)
+    """sweep: epsilon at the end of the exploration phase and after it"""
     exploration_fraction: float = 0.5
     """fraction of --total-timesteps over which epsilon falls linearly from --start-e to --end-e"""
 
 
 ENV_IDS = ("GridWorld-v0", "FrozenLake-misc")
 MAX_CELLS = 1024
+# The float hyperparameters, which change no array shape nor loop length, and the rule of each:
+# several values sweep their grid, and train() takes them as traced values, not constants.
+UNIT = ("in [0, 1]", lambda x: 0 <= x <= 1)
+HPARAMS = dict(learning_rate=("in (0, 1]", lambda x: 0 < x <= 1), gamma=("in [0, 1)",
+               lambda x: 0 <= x < 1), start_e=UNIT, end_e=UNIT)
 
 
 class ArgError(ValueError):
     """A flag broke a rule: reported as one line with exit status 2, before anything compiles."""
+
+
+def grid(args: Args) -> list:
+    """Every combination of the HPARAMS values (the first flag varies slowest)."""
+    return [dict(zip(HPARAMS, values))
+            for values in itertools.product(*(getattr(args, k) for k in HPARAMS))]
+
+
+def check_one_value_flags(argv):
+    """tyro would read `--num-envs 4 8` as an unknown option "8": name the flag instead."""
+    one_value = {"--" + f.name.replace("_", "-") for f in dataclasses.fields(Args)
+                 if "tuple" not in str(f.type) and f.type is not bool}
+    for i, flag in enumerate(argv):
+        values = list(itertools.takewhile(lambda v: not v.startswith("--"), argv[i + 1:]))
+        if flag in one_value and len(values) > 1:
+            raise ArgError(f"{flag} takes one value: it sets array shapes or loop lengths")
 
 
 def validate(args: Args) -> Args:
@@ -132,37 +155,31 @@ def validate(args: Args) -> Args:
     if args.total_timesteps < args.num_steps:
         raise ArgError(f"--total-timesteps {args.total_timesteps} is less than one update "
                        f"(--num-steps {args.num_steps})")
-    for name, rule in [("learning_rate", "(0, 1]"), ("gamma", "[0, 1)"), ("start_e", "[0, 1]"),
-                       ("end_e", "[0, 1]"), ("slip", "[0, 1]"), ("exploration_fraction", "(0, 1]")]:
-        x = getattr(args, name)  # the rule's brackets say which ends are included
-        if not ((0 <= x if rule[0] == "[" else 0 < x) and (x <= 1 if rule[-1] == "]" else x < 1)):
-            raise ArgError(f"--{name.replace('_', '-')} must be in {rule} (got {x})")
-    if args.env_id == "GridWorld-v0":
-        validate_grid(args)
-    return args
-
-
-def validate_grid(args: Args):
+    rules = {**HPARAMS, "slip": UNIT, "exploration_fraction": HPARAMS["learning_rate"]}
+    for name, (rule, holds) in rules.items():
+        for x in np.atleast_1d(getattr(args, name)):
+            if not holds(x):
+                raise ArgError(f"--{name.replace('_', '-')} must be {rule} (got {x})")
+    if args.env_id == "FrozenLake-misc":
+        return args
     rows, cols = args.grid_size
     if rows < 1 or cols < 1 or not 2 <= rows * cols <= MAX_CELLS:
         raise ArgError(f"--grid-size {rows} {cols} must have 2 to {MAX_CELLS} cells (the exact "
                        f"model P[s, a, s'] is a dense array)")
     inside = lambda cell: 0 <= cell[0] < rows and 0 <= cell[1] < cols
-    for flag, cell in [("--start", args.start), ("--goal", args.goal)]:
+    for flag, cell in [("--start", args.start), ("--goal", args.goal)] + [
+            ("--walls cell", wall) for wall in args.walls]:
         if not inside(cell):
             raise ArgError(f"{flag} {cell[0]} {cell[1]} is outside the {rows}x{cols} grid")
-        if tuple(cell) in map(tuple, args.walls):
+        if flag != "--walls cell" and tuple(cell) in map(tuple, args.walls):
             raise ArgError(f"{flag} {cell[0]} {cell[1]} is a wall (see --walls)")
-    for wall in args.walls:
-        if not inside(wall):
-            raise ArgError(f"--walls cell {wall[0]} {wall[1]} is outside the {rows}x{cols} grid")
     if tuple(args.start) == tuple(args.goal):
         raise ArgError("--goal must differ from --start")
     world = make_gridworld(args)
-    terminal = np.arange(rows * cols) == world.goal
-    if not reachable_states(world.next_cell, world.start, terminal)[world.goal]:
+    if not model_reachable(gridworld_model(world))[world.goal]:
         raise ArgError(f"--goal {args.goal[0]} {args.goal[1]} cannot be reached from --start "
                        f"{args.start[0]} {args.start[1]}: the walls cut every path")
+    return args
 
 
 # ============================================================================ 2. environment
@@ -223,10 +240,6 @@ def make_gridworld(args: Args) -> GridWorld:
                      int(args.max_episode_steps), next_cell)
 
 
-def gridworld_reset(world: GridWorld) -> GridState:
-    return GridState(jnp.int32(world.start), jnp.int32(0))
-
-
 def gridworld_step(world: GridWorld, u, state: GridState, action):
     """One step of one GridWorld, with automatic reset at the goal or the time limit.
 
@@ -259,7 +272,7 @@ def gridworld_env(args: Args) -> TabularEnv:
     world = make_gridworld(args)
 
     def reset(key, n):
-        state = jax.tree.map(lambda x: jnp.full((n,), x), gridworld_reset(world))
+        state = GridState(jnp.full(n, world.start, jnp.int32), jnp.zeros(n, jnp.int32))
         return state.cell, state
 
     def step(key, state, action):
@@ -325,25 +338,11 @@ def make_env(args: Args) -> TabularEnv:
 
 
 # ---------------------------------------------------------------- exact solution
-def reachable_states(successors, start, terminal):
-    """Bool [S]: the states some policy can reach from `start`. successors[s] lists the states a
-    step from s can lead to (any action); episodes stop at the `terminal` [S] states."""
-    reached = np.zeros(len(terminal), bool)
-    reached[start] = True
-    frontier = [start]
-    while frontier:
-        s = frontier.pop()
-        if not terminal[s]:
-            for s2 in successors[s]:
-                if not reached[s2]:
-                    reached[s2] = True
-                    frontier.append(s2)
-    return reached
-
-
 def model_reachable(model: TabularModel):
-    successors = [np.flatnonzero(model.P[s].sum(0)) for s in range(len(model.R))]
-    return reachable_states(successors, model.start, model.terminal)
+    """Bool [S]: the states some policy can reach from the start; episodes stop at terminals."""
+    steps = (model.P.sum(1) > 0) & ~model.terminal[:, None]  # [S, S']: some action leads there
+    order = breadth_first_order(steps.astype(float), model.start, return_predecessors=False)
+    return np.isin(np.arange(len(model.R)), order)
 
 
 def value_iteration(P, R, terminal, gamma, tol=1e-7, max_iters=100_000):
@@ -413,10 +412,11 @@ class RunnerState(NamedTuple):
     agents: Agents
     t: jax.Array               # steps taken per agent (drives the schedules)
     key: jax.Array
+    hp: dict                   # this run's HPARAMS values (traced)
+    q_star: jax.Array          # [S, A] by value iteration with this run's gamma
 
 
-# Q* ties are exact in theory but computed in float32: actions within this of the best count as
-# optimal.
+# Q* is computed in float32: actions within this of the best count as optimal.
 OPTIMAL_TOL = 1e-5
 # Agents are independent, so an update steps them block by block, and a block's tables stay in
 # the core's cache through all of its steps (65536 agents: about 1.5x faster than all at once).
@@ -432,10 +432,9 @@ def block_size(num_agents: int, bytes_per_agent: int) -> int:
 
 
 def make_train(args: Args):
-    """train(key) -> (final RunnerState, metrics of shape [num_updates]): one seed's whole run.
-
-    A single agent runs ~15x slower unless this module was imported before JAX's first operation
-    (see the small-loop setting under the imports) or XLA_FLAGS sets that option itself."""
+    """train(key, hp) -> (final RunnerState, metrics [num_updates]): one run, its HPARAMS values
+    hp as traced scalars. One agent runs ~15x slower unless this module was imported before JAX's
+    first operation (see the small-loop setting under the imports) or XLA_FLAGS sets it."""
     env = make_env(args)
     model = env.model
     N = args.num_agents
@@ -443,8 +442,6 @@ def make_train(args: Args):
     num_updates = args.total_timesteps // args.num_steps
     progress_every = max(1, num_updates // 10)
     num_blocks = N // block_size(N, num_states * num_actions * 5)  # float32 q + bool visited
-    q_star = value_iteration(model.P, model.R, model.terminal, args.gamma)
-    optimal = q_star >= q_star.max(-1, keepdims=True) - OPTIMAL_TOL  # [S, A] optimal actions
     scored = jnp.asarray(model_reachable(model) & ~model.terminal)   # where greedy_optimal looks
     exploration_steps = args.exploration_fraction * args.total_timesteps
 
@@ -454,19 +451,20 @@ def make_train(args: Args):
     update = jax.vmap(q_update, in_axes=(0, 0, 0, 0, 0, 0, None, None))
     mark_visited = jax.vmap(lambda visited, s, a: visited.at[s, a].set(True))
 
-    def env_step(carry, t):
+    def env_step(hp, carry, t):
         """One step of a block of agents: act, step the environments, learn."""
         agents, totals, key = carry
         key, k_act, k_env = jax.random.split(key, 3)
         t = t.astype(jnp.float32)
-        epsilon = args.start_e + (args.end_e - args.start_e) * jnp.minimum(t / exploration_steps, 1)
-        lr = args.learning_rate * (1 - t / args.total_timesteps if args.anneal_lr else 1)
+        epsilon = hp["start_e"] + (hp["end_e"] - hp["start_e"]) * jnp.minimum(
+            t / exploration_steps, 1)
+        lr = hp["learning_rate"] * (1 - t / args.total_timesteps if args.anneal_lr else 1)
         u = jax.random.uniform(k_act, agents.obs.shape)
         action = policy(read_rows(agents.q, agents.obs), epsilon, u)
         obs, env_state, reward, terminated, truncated, final_obs = env.step(
             k_env, agents.env_state, action)
         q, td_error = update(agents.q, agents.obs, action, reward, terminated, final_obs, lr,
-                             args.gamma)
+                             hp["gamma"])
         episode_return = agents.episode_return + reward
         episode_length = agents.episode_length + 1
         done = terminated | truncated
@@ -478,12 +476,12 @@ def make_train(args: Args):
                         jnp.where(done, 0.0, episode_return), jnp.where(done, 0, episode_length))
         return (agents, totals, key), None
 
-    def run_block(t0, block):
+    def run_block(hp, t0, block):
         """All the steps of an update for one block of agents."""
         agents, key = block
         n = agents.obs.shape[0]
         totals = (jnp.zeros(n, jnp.int32), jnp.zeros(n), jnp.zeros(n, jnp.int32), jnp.zeros(n))
-        (agents, totals, _), _ = jax.lax.scan(env_step, (agents, totals, key),
+        (agents, totals, _), _ = jax.lax.scan(partial(env_step, hp), (agents, totals, key),
                                               t0 + jnp.arange(args.num_steps))
         return t0, (agents, totals)
 
@@ -491,9 +489,12 @@ def make_train(args: Args):
         key, *block_keys = jax.random.split(runner.key, num_blocks + 1)
         blocks = jax.tree.map(lambda x: x.reshape(num_blocks, N // num_blocks, *x.shape[1:]),
                               runner.agents)
-        _, (blocks, totals) = jax.lax.scan(run_block, runner.t, (blocks, jnp.stack(block_keys)))
+        _, (blocks, totals) = jax.lax.scan(partial(run_block, runner.hp), runner.t,
+                                           (blocks, jnp.stack(block_keys)))
         agents = jax.tree.map(lambda x: x.reshape(N, *x.shape[2:]), blocks)
-        runner = RunnerState(agents, runner.t + args.num_steps, key)
+        runner = runner._replace(agents=agents, t=runner.t + args.num_steps, key=key)
+        q_star = runner.q_star
+        optimal = q_star >= q_star.max(-1, keepdims=True) - OPTIMAL_TOL  # [S, A] optimal actions
         count, return_sum, length_sum, td_sum = (x.sum() for x in totals)
         visited_error = jnp.where(agents.visited, jnp.abs(agents.q - q_star), 0.0)
         metrics = {  # env_steps in float32: all agents' steps overflow int32 past 2^31
@@ -511,13 +512,14 @@ def make_train(args: Args):
                      lambda: None)
         return runner, metrics
 
-    def train(key):
+    def train(key, hp):
         k_env, k_run = jax.random.split(key)
         obs, env_state = env.reset(k_env, N)
         agents = Agents(jnp.zeros((N, num_states, num_actions)),
                         jnp.zeros((N, num_states, num_actions), bool), env_state, obs,
                         jnp.zeros(N), jnp.zeros(N, jnp.int32))
-        return jax.lax.scan(update_step, RunnerState(agents, jnp.int32(0), k_run),
+        q_star = value_iteration(model.P, model.R, model.terminal, hp["gamma"])
+        return jax.lax.scan(update_step, RunnerState(agents, jnp.int32(0), k_run, hp, q_star),
                             jnp.arange(num_updates))
 
     return train
@@ -529,34 +531,37 @@ def make_train(args: Args):
 COMPILER_OPTIONS = {"xla_cpu_experimental_ynn_fusion_type": ""}
 
 
-CACHE_HITS = []
-jax.monitoring.register_event_listener(
-    lambda event, **_: CACHE_HITS.append(event) if event.endswith("cache_hits") else None)
+CACHE_HITS = []  # of the persistent cache: counted around a compile, to say where it came from
+jax.monitoring.register_event_listener(lambda e, **_: e.endswith("hits") and CACHE_HITS.append(e))
 
 
 def run(args: Args, num_devices: Optional[int] = None):
-    """Train args.num_seeds seeds as pmap over devices x vmap over seeds on each device.
+    """Train each configuration of grid(args) on args.num_seeds seeds: pmap over the largest
+    number of local devices (at most num_devices) that divides the runs x vmap on each device.
 
-    Uses the largest number of local devices (at most num_devices) that divides the seeds. Seed k
-    always gets the k-th split of PRNGKey(args.seed), whatever the layout. Returns
-    (final_runner_state, metrics, timing); every leaf has a leading [num_seeds] axis."""
+    Seed k gets the k-th split of PRNGKey(args.seed) in every configuration, whatever the layout.
+    Returns (final_runner_state, metrics, timing); every leaf has a leading [num_seeds] axis, or
+    [num_configs, num_seeds] for a sweep of several configurations."""
+    configs, seeds = grid(args), args.num_seeds
+    runs = len(configs) * seeds
     limit = num_devices or jax.local_device_count()
-    devices = jax.local_devices()[: max(d for d in range(1, limit + 1) if args.num_seeds % d == 0)]
-    keys = jax.random.split(jax.random.PRNGKey(args.seed), args.num_seeds)
-    keys = keys.reshape(len(devices), args.num_seeds // len(devices), *keys.shape[1:])
-    PROGRESS.start(args)
+    devices = jax.local_devices()[: max(d for d in range(1, limit + 1) if runs % d == 0)]
+    keys = jnp.tile(jax.random.split(jax.random.PRNGKey(args.seed), seeds), (len(configs), 1))
+    hp = {k: jnp.repeat(jnp.array([c[k] for c in configs], jnp.float32), seeds) for k in HPARAMS}
+    layout = lambda x: x.reshape(len(devices), runs // len(devices), *x.shape[1:])
+    keys, hp = jax.tree.map(layout, (keys, hp))
     t0 = time.perf_counter()
     options = COMPILER_OPTIONS if devices[0].platform == "cpu" else None
-    lowered = jax.pmap(jax.vmap(make_train(args)), devices=devices).lower(keys)
+    lowered = jax.pmap(jax.vmap(make_train(args)), devices=devices).lower(keys, hp)
     hits = len(CACHE_HITS)  # a hit from here on is the training program's
     compiled = lowered.compile(options)
     compile_s, cached = time.perf_counter() - t0, len(CACHE_HITS) > hits
-    PROGRESS.t_start = time.perf_counter()
-    state, metrics = jax.block_until_ready(compiled(keys))
+    PROGRESS.start(args, runs)
+    state, metrics = jax.block_until_ready(compiled(keys, hp))
     run_s = time.perf_counter() - PROGRESS.t_start
-    merge = lambda x: x.reshape(args.num_seeds, *x.shape[2:])
-    state, metrics = jax.tree.map(merge, (state, metrics))
-    steps_taken = float(np.sum(metrics["env_steps"][:, -1]))  # all seeds and agents
+    lead = (len(configs), seeds) if len(configs) > 1 else (seeds,)
+    state, metrics = jax.tree.map(lambda x: x.reshape(*lead, *x.shape[2:]), (state, metrics))
+    steps_taken = float(np.sum(metrics["env_steps"][..., -1]))  # every run and agent
     timing = {"compile_s": compile_s, "run_s": run_s, "sps": steps_taken / run_s,
               "devices": len(devices), "cached": cached}
     return state, metrics, timing
@@ -564,10 +569,10 @@ def run(args: Args, num_devices: Optional[int] = None):
 
 # ============================================================================ 6. logging and output
 class Progress:
-    """Host side of the in-jit progress callback: one line once every seed reported an update."""
+    """Host side of the in-jit progress callback: one line once every run reported an update."""
 
-    def start(self, args: Args):
-        self.args, self.pending, self.lines = args, {}, []
+    def start(self, args: Args, runs: Optional[int] = None):
+        self.args, self.runs, self.pending, self.lines = args, runs or args.num_seeds, {}, []
         self.t_start = time.perf_counter()
         self.lock = threading.Lock()  # callbacks arrive on one thread per device
 
@@ -577,102 +582,68 @@ class Progress:
             reports = self.pending.setdefault(steps, [])
             reports.append([float(metrics[k]) for k in ("episode_return", "stats/greedy_optimal",
                                                         "stats/q_error")])
-            if len(reports) < self.args.num_seeds:
+            if len(reports) < self.runs:
                 return
             del self.pending[steps]
         returns, optimal, errors = np.array(reports).T
         returns = returns[np.isfinite(returns)]
-        elapsed = time.perf_counter() - self.t_start
-        sps = steps * self.args.num_seeds / max(elapsed, 1e-9)
+        sps = steps * self.runs / max(time.perf_counter() - self.t_start, 1e-9)
         self.lines.append((steps, sps))
-        total = self.args.total_timesteps * self.args.num_agents
         line = f"return {np.mean(returns):6.3f}" if len(returns) else "no episode finished yet"
+        total, runs = self.args.total_timesteps * self.args.num_agents, len(reports)
         print(f"[{self.args.exp_name}] steps {steps:>12,} / {total:,}  {line}  greedy optimal "
-              f"{np.mean(optimal):6.1%}  q_error {np.mean(errors):.2e} (mean of {len(reports)} "
-              f"seeds)  SPS {sps:,.0f}", flush=True)
+              f"{np.mean(optimal):6.1%}  q_error {np.mean(errors):.2e} (mean of {runs} "
+              f"{'seeds' if self.runs == self.args.num_seeds else 'runs'})  SPS {sps:,.0f}",
+              flush=True)
 
 
 PROGRESS = Progress()
 
 
-def final_returns(metrics, fraction=0.05):
-    """Per seed: mean episode_return over the last `fraction` of updates (NaNs ignored)."""
-    returns = np.asarray(metrics["episode_return"])
-    tail = max(1, int(round(returns.shape[1] * fraction)))
-    return np.nanmean(returns[:, -tail:], axis=1)
-
-
-class EventWriter:
-    """Minimal tensorboard writer on the tensorboard package alone (no torch, no tensorflow)."""
-
-    def __init__(self, log_dir):
-        from tensorboard.summary.writer.event_file_writer import EventFileWriter
-        self._writer = EventFileWriter(log_dir)
-
-    def scalar(self, tag, value, step):
-        from tensorboard.compat.proto.event_pb2 import Event
-        from tensorboard.compat.proto.summary_pb2 import Summary
-        summary = Summary(value=[Summary.Value(tag=tag, simple_value=float(value))])
-        self._writer.add_event(Event(wall_time=time.time(), step=int(step), summary=summary))
-
-    def text(self, tag, markdown):
-        from tensorboard.compat.proto.event_pb2 import Event
-        from tensorboard.plugins.text.summary_v2 import text_pb
-        self._writer.add_event(Event(wall_time=time.time(), step=0, summary=text_pb(tag, markdown)))
-
-    def close(self):
-        self._writer.close()
-
-
-def run_dir_for(args: Args) -> str:
-    name = f"{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}"
-    return os.path.join(args.log_dir, name)
-
-
 def write_tensorboard(run_dir, args: Args, metrics):
-    table = "|param|value|\n|-|-|\n" + "\n".join(
-        f"|{k}|{v}|" for k, v in dataclasses.asdict(args).items())
+    """Event files written with the tensorboard package alone (no torch, no tensorflow)."""
+    from tensorboard.compat.proto.event_pb2 import Event
+    from tensorboard.compat.proto.summary_pb2 import Summary
+    from tensorboard.plugins.text.summary_v2 import text_pb
+    from tensorboard.summary.writer.event_file_writer import EventFileWriter
+
+    table = "|param|value|\n|-|-|\n" + "\n".join(f"|{k}|{v}|" for k, v in vars(args).items())
     tags = {"episode_return": "charts/episodic_return", "episode_length": "charts/episodic_length"}
     for k in range(args.num_seeds):
-        writer = EventWriter(os.path.join(run_dir, f"seed_{k}"))
-        writer.text("hyperparameters", table)
-        for i, step in enumerate(np.asarray(metrics["env_steps"][k])):
-            for key, values in metrics.items():
-                value = float(values[k, i])
-                if key != "env_steps" and np.isfinite(value):
-                    writer.scalar(tags.get(key, key), value, step)
-        for step, sps in PROGRESS.lines:
-            writer.scalar("charts/SPS", sps, step)
+        writer = EventFileWriter(os.path.join(run_dir, f"seed_{k}"))
+        writer.add_event(Event(wall_time=time.time(), summary=text_pb("hyperparameters", table)))
+        scalars = [(tags.get(key, key), values[k, i], step)
+                   for i, step in enumerate(metrics["env_steps"][k])
+                   for key, values in metrics.items() if key != "env_steps"]
+        for tag, value, step in scalars + [("charts/SPS", sps, s) for s, sps in PROGRESS.lines]:
+            if np.isfinite(value):
+                writer.add_event(Event(wall_time=time.time(), step=int(step), summary=Summary(
+                    value=[Summary.Value(tag=tag, simple_value=float(value))])))
         writer.close()
 
 
 def save_model(run_dir, args: Args, state: RunnerState):
     """Atomically write every seed's and agent's Q-table and visited pairs to model.msgpack."""
-    payload = {
-        "args": json.dumps(dataclasses.asdict(args)),
-        "q": np.asarray(state.agents.q),  # [num_seeds, num_agents, num_states, num_actions]
-        "visited": np.asarray(state.agents.visited),
-    }
+    payload = {"args": json.dumps(dataclasses.asdict(args)),
+               "q": np.asarray(state.agents.q),  # [num_seeds, num_agents, num_states, num_actions]
+               "visited": np.asarray(state.agents.visited)}
     os.makedirs(run_dir, exist_ok=True)
-    path = os.path.join(run_dir, "model.msgpack")
-    fd, tmp = tempfile.mkstemp(dir=run_dir, prefix=".model.", suffix=".tmp")
-    with os.fdopen(fd, "wb") as f:
+    with tempfile.NamedTemporaryFile(dir=run_dir, prefix=".model.", delete=False) as f:
         f.write(flax.serialization.msgpack_serialize(payload))
-    os.replace(tmp, path)
-    return path
+    os.replace(f.name, os.path.join(run_dir, "model.msgpack"))
+    return os.path.join(run_dir, "model.msgpack")
 
 
 def plot_q_values(run_dir, args: Args, q):
     """Heat maps of max_a Q per cell for one agent's table q [S, A], beside max_a Q*, with arrows
     for the greedy actions, S the start and T the terminal cells; walls and unreachable cells are
     blank."""
-    import matplotlib
-    matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    plt.switch_backend("Agg")
 
     env = make_env(args)
     model = env.model
-    q_star = np.asarray(value_iteration(model.P, model.R, model.terminal, args.gamma))
+    q_star = np.asarray(value_iteration(model.P, model.R, model.terminal, args.gamma[0]))
     shown = model_reachable(model)
     arrows = (((0, 1), (1, 0), (0, -1), (-1, 0)) if args.env_id == "GridWorld-v0"  # (dx, dy) up..
               else ((-1, 0), (0, -1), (1, 0), (0, 1)))                             # left, down..
@@ -702,41 +673,66 @@ def plot_q_values(run_dir, args: Args, q):
 
 
 def summary(args: Args, metrics, timing) -> str:
-    finals = final_returns(metrics)
-    optimal = np.asarray(metrics["stats/greedy_optimal"])[:, -1]
-    errors = np.asarray(metrics["stats/q_error"])[:, -1]
-    return "\n".join([
-        f"{args.exp_name} on {args.env_id}: {args.num_seeds} seeds x {args.num_agents} agents x "
-        f"{args.total_timesteps:,} steps ({args.num_steps} steps per update)",
-        "final return per seed (last 5% of updates): " + " ".join(f"{r:.3f}" for r in finals),
-        "greedy optimal per seed (mean over agents): " + " ".join(f"{x:.1%}" for x in optimal),
-        "q_error per seed (mean over agents):        " + " ".join(f"{x:.2e}" for x in errors),
-        f"mean return {np.mean(finals):.3f}  |  {timing['devices']} device(s)  compile "
-        f"{timing['compile_s']:.1f} s{' (cache)' if timing['cached'] else ''}  run "
-        f"{timing['run_s']:.1f} s  |  {timing['sps']:,.0f} agent-steps/s",
-    ])
+    """metrics: leaves [num_configs, num_seeds, num_updates]; a sweep prints one row per
+    configuration, best final greedy_optimal first."""
+    configs = grid(args)
+    returns = metrics["episode_return"]  # final: the mean over the last 5% of updates
+    finals = np.nanmean(returns[..., -max(1, round(returns.shape[-1] * 0.05)):], axis=-1)
+    optimal, errors = metrics["stats/greedy_optimal"][..., -1], metrics["stats/q_error"][..., -1]
+    sweep = f"{len(configs)} configurations x " if len(configs) > 1 else ""
+    lines = [f"{args.exp_name} on {args.env_id}: {sweep}{args.num_seeds} seeds x "
+             f"{args.num_agents} agents x {args.total_timesteps:,} steps ({args.num_steps} steps "
+             "per update)"]
+    timing_line = (f"{timing['devices']} device(s)  compile {timing['compile_s']:.1f} s"
+                   f"{' (cache)' if timing['cached'] else ''}  run {timing['run_s']:.1f} s  |  "
+                   f"{timing['sps']:,.0f} agent-steps/s")
+    if len(configs) == 1:
+        per_seed = [("final return per seed (last 5% of updates): ", finals, "{:.3f}"),
+                    ("greedy optimal per seed (mean over agents): ", optimal, "{:.1%}"),
+                    ("q_error per seed (mean over agents):        ", errors, "{:.2e}")]
+        return "\n".join(lines + [label + " ".join(map(form.format, x[0]))
+                                   for label, x, form in per_seed]
+                          + [f"mean return {np.mean(finals):.3f}  |  {timing_line}"])
+    varied = [k for k in HPARAMS if len(getattr(args, k)) > 1]
+    rng = np.random.default_rng(0)
+    lines.append(" | ".join(varied + ["final return mean [95% CI over seeds]", "IQM", "worst",
+                                      "greedy optimal", "q_error"]))
+    for c in np.lexsort((-finals.mean(1), -optimal.mean(1))):
+        x = finals[c]  # this configuration's seeds: bootstrap their mean
+        ci = np.percentile(x[rng.integers(0, len(x), (2000, len(x)))].mean(1), [2.5, 97.5])
+        lines.append(" | ".join([f"{configs[c][k]:g}" for k in varied] + [
+            f"{x.mean():.3f} [{ci[0]:.3f}, {ci[1]:.3f}]", f"{trim_mean(x, 0.25):.3f}",
+            f"{x.min():.3f}", f"{optimal[c].mean():.1%}", f"{errors[c].mean():.2e}"]))
+    return "\n".join(lines + [timing_line])
 
 
 # ============================================================================ 7. main
 def main():
-    args = tyro.cli(Args, description=__doc__.split("\n\n")[0])
-    # The cache is set up at the first compile (importing gymnax runs some): set it up again.
-    compilation_cache.set_cache_dir(args.compile_cache_dir or None)
-    compilation_cache.reset_cache()
     try:
-        args = validate(args)
+        check_one_value_flags(sys.argv[1:])  # before tyro, which would blame the value
+        args = validate(tyro.cli(Args, description=__doc__.split("\n\n")[0]))
     except ArgError as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
+    # The cache is set up at the first compile (importing gymnax runs some): set it up again.
+    compilation_cache.set_cache_dir(args.compile_cache_dir or None)
+    compilation_cache.reset_cache()
     state, metrics, timing = run(args)
-    metrics = jax.device_get(metrics)
-    run_dir = run_dir_for(args)
-    if args.track:
-        write_tensorboard(run_dir, args, metrics)
-    if args.save_model:
-        print(f"saved {save_model(run_dir, args, state)}")
-    if args.plot:
-        print(f"saved {plot_q_values(run_dir, args, np.asarray(state.agents.q[0, 0]))}")
+    configs, metrics = grid(args), jax.device_get(metrics)
+    if len(configs) == 1:  # a configuration axis in front, as a sweep has
+        state, metrics = jax.tree.map(lambda x: x[None], (state, metrics))
+    pick, start = (lambda tree, c: jax.tree.map(lambda x: x[c], tree)), int(time.time())
+    for c, config in enumerate(configs):  # one run directory each, named by the varied values
+        one = dataclasses.replace(args, **{k: (v,) for k, v in config.items()})
+        varied = "".join(f"__{k}={v:g}" for k, v in config.items() if len(getattr(args, k)) > 1)
+        run_dir = os.path.join(args.log_dir,
+                               f"{args.env_id}__{args.exp_name}__{args.seed}__{start}{varied}")
+        if args.track:
+            write_tensorboard(run_dir, one, pick(metrics, c))
+        if args.save_model:
+            print(f"saved {save_model(run_dir, one, pick(state, c))}")
+        if args.plot:
+            print(f"saved {plot_q_values(run_dir, one, np.asarray(state.agents.q[c, 0, 0]))}")
     print(summary(args, metrics, timing))
 
 

@@ -41,14 +41,15 @@ def jax_workload(config: dict) -> dict:
         ql.Args(track=False), num_agents=agents // seeds, num_seeds=seeds,
         total_timesteps=config["steps"], num_steps=config["num_steps"])
     keys = jax.random.split(jax.random.PRNGKey(0), seeds).reshape(seeds, 1, 2)
+    hp = {k: jax.numpy.full((seeds, 1), getattr(args, k)[0]) for k in ql.HPARAMS}
     t0 = time.perf_counter()
     compiled = jax.pmap(jax.vmap(ql.make_train(args)), devices=jax.local_devices()[:seeds]) \
-        .lower(keys).compile(ql.COMPILER_OPTIONS)
+        .lower(keys, hp).compile(ql.COMPILER_OPTIONS)
     compile_s = time.perf_counter() - t0
     last = {}
 
     def call():
-        last["state"], last["metrics"] = jax.block_until_ready(compiled(keys))
+        last["state"], last["metrics"] = jax.block_until_ready(compiled(keys, hp))
 
     _, steady = common.time_calls(call, config["repeats"])
     metrics = last["metrics"]
@@ -62,6 +63,8 @@ def numpy_workload(config: dict) -> dict:
     """The same algorithm on the same GridWorld as a plain per-step numpy loop (one agent)."""
     ql = common.import_algo("q_learning")
     args = ql.Args()
+    (lr0,), (gamma,), (start_e,), (end_e,) = (args.learning_rate, args.gamma, args.start_e,
+                                             args.end_e)
     world = ql.make_gridworld(args)
     rng = np.random.default_rng(0)
     q = np.zeros(world.next_cell.shape)
@@ -70,8 +73,8 @@ def numpy_workload(config: dict) -> dict:
     cell, time_in_episode = world.start, 0
     t0 = time.perf_counter()
     for t in range(steps):
-        epsilon = args.start_e + (args.end_e - args.start_e) * min(t / explore_steps, 1.0)
-        lr = args.learning_rate * (1 - t / steps)
+        epsilon = start_e + (end_e - start_e) * min(t / explore_steps, 1.0)
+        lr = lr0 * (1 - t / steps)
         row = q[cell]
         if rng.random() < epsilon:
             action = rng.integers(4)
@@ -82,7 +85,7 @@ def numpy_workload(config: dict) -> dict:
         next_cell = world.next_cell[cell, move]
         terminated = next_cell == world.goal
         time_in_episode += 1
-        target = float(terminated) + args.gamma * (0.0 if terminated else q[next_cell].max())
+        target = float(terminated) + gamma * (0.0 if terminated else q[next_cell].max())
         q[cell, action] += lr * (target - q[cell, action])
         visited[cell, action] = True
         if terminated or time_in_episode >= world.max_steps:

@@ -52,7 +52,8 @@ def test_value_iteration_on_hand_solved_grids():
 
 MODELS = {
     "maze": dict(),
-    "slippery": dict(grid_size=(4, 4), goal=(3, 3), walls=((1, 1), (2, 2)), slip=0.2, gamma=0.9),
+    "slippery": dict(grid_size=(4, 4), goal=(3, 3), walls=((1, 1), (2, 2)), slip=0.2,
+                     gamma=(0.9,)),
     "frozen_lake": dict(env_id="FrozenLake-misc"),
 }
 
@@ -62,8 +63,8 @@ def test_value_iteration_matches_numpy(case):
     args = ql.Args(**MODELS[case])
     model = ql.make_env(args).model
     np.testing.assert_allclose(model.P.sum(-1), 1.0, atol=1e-12)
-    q = np.asarray(ql.value_iteration(model.P, model.R, model.terminal, args.gamma))
-    np.testing.assert_allclose(q, numpy_q_star(model, args.gamma), atol=1e-5)
+    q = np.asarray(ql.value_iteration(model.P, model.R, model.terminal, args.gamma[0]))
+    np.testing.assert_allclose(q, numpy_q_star(model, args.gamma[0]), atol=1e-5)
 
 
 @pytest.mark.parametrize("case", ["slippery", "frozen_lake"])
@@ -124,13 +125,14 @@ def test_tie_breaking_is_uniform_among_maximal_actions():
 #   actions lag, but the greedy values converge (worst of 300 agents measured 4e-6).
 # - slippery: slip 0.2; lr annealed to 0 averages the noisy targets (worst of 300 agents measured
 #   q_error 0.028; the smallest action gap of this grid is 0.046).
-SMALL_GRID = dict(grid_size=(4, 4), goal=(3, 3), walls=((1, 1), (2, 2)), gamma=0.9)
+SMALL_GRID = dict(grid_size=(4, 4), goal=(3, 3), walls=((1, 1), (2, 2)), gamma=(0.9,))
 LEARNING = {
-    "deterministic": dict(args=dict(**SMALL_GRID, start_e=1.0, end_e=1.0, learning_rate=0.5,
-                                    anneal_lr=False), budget=20_000, q_error=1e-4, v_error=1e-4),
+    "deterministic": dict(args=dict(**SMALL_GRID, start_e=(1.0,), end_e=(1.0,),
+                                    learning_rate=(0.5,), anneal_lr=False),
+                          budget=20_000, q_error=1e-4, v_error=1e-4),
     "default": dict(args=dict(), budget=200_000, q_error=None, v_error=1e-3),
-    "slippery": dict(args=dict(**SMALL_GRID, slip=0.2, start_e=1.0, end_e=1.0), budget=50_000,
-                     q_error=0.05, v_error=0.05),
+    "slippery": dict(args=dict(**SMALL_GRID, slip=0.2, start_e=(1.0,), end_e=(1.0,)),
+                     budget=50_000, q_error=0.05, v_error=0.05),
 }
 
 
@@ -143,7 +145,7 @@ def test_learns_q_star(case, monkeypatch):
                                num_steps=spec["budget"] // 10, track=False, **spec["args"]))
     state, metrics, _ = ql.run(args)
     model = ql.make_env(args).model
-    q_star = numpy_q_star(model, args.gamma)
+    q_star = numpy_q_star(model, args.gamma[0])
     scored = scored_states(model)
     q = np.asarray(state.agents.q, np.float64).reshape(-1, *q_star.shape)
     visited = np.asarray(state.agents.visited).reshape(q.shape)
@@ -212,7 +214,8 @@ def test_seed_sweep_layout_and_determinism():
 def test_memory_does_not_grow_with_steps():
     def temp_bytes(total):
         args = ql.Args(**dict(TINY, total_timesteps=total))
-        lowered = jax.jit(ql.make_train(args)).lower(jax.random.PRNGKey(0))
+        hp = {k: jnp.float32(getattr(args, k)[0]) for k in ql.HPARAMS}
+        lowered = jax.jit(ql.make_train(args)).lower(jax.random.PRNGKey(0), hp)
         return lowered.compile(ql.COMPILER_OPTIONS).memory_analysis().temp_size_in_bytes
 
     assert temp_bytes(100_000) <= temp_bytes(3_000) + 1024

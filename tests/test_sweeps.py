@@ -1,0 +1,94 @@
+"""Hyperparameter sweeps (ppo.py, vpg.py): every combination of the float flags' values trains in
+one compiled program, and configuration k of a sweep computes what a single run of k computes."""
+import dataclasses
+
+import numpy as np
+import pytest
+
+import ppo
+import vpg
+from conftest import assert_usage_error, read_scalars, run_script
+
+TINY = dict(env_id="CartPole-v1", num_envs=4, num_steps=16, num_minibatches=2,
+            total_timesteps=4 * 16 * 3, num_seeds=2, track=False)
+SWEEP = dict(learning_rate=(1e-3, 5e-3), gamma=(0.9, 0.99))
+
+
+@pytest.mark.parametrize("module", [ppo, vpg], ids=lambda m: m.__name__)
+def test_sweep_configuration_equals_its_single_run(module):
+    """A 2 x 2 grid x 2 seeds on 2 devices, then each configuration alone: the same seed keys,
+    so the first update agrees to 1e-5 (another layout may round differently by an ulp)."""
+    args = module.validate(module.Args(**TINY, **SWEEP))
+    configs = module.grid(args)
+    assert [(c["learning_rate"], c["gamma"]) for c in configs] == [
+        (1e-3, 0.9), (1e-3, 0.99), (5e-3, 0.9), (5e-3, 0.99)]  # the first flag varies slowest
+    _, sweep, timing = module.run(args)
+    assert timing["devices"] == 2 and sweep["episode_return"].shape == (4, 2, 3)
+    for c in (1, 2):  # the two that differ in both values (one program: the values are traced)
+        config = configs[c]
+        one = dataclasses.replace(args, **{k: (v,) for k, v in config.items()})
+        _, single, _ = module.run(one)
+        for key in single:
+            np.testing.assert_allclose(sweep[key][c, :, 0], single[key][:, 0], rtol=1e-5,
+                                       atol=1e-6, err_msg=f"{config} {key}")
+    # The values are traced, not baked in: different configurations give different losses.
+    losses = np.asarray(sweep["loss/value"])[:, 0, -1]
+    assert len(set(losses.tolist())) == 4, losses
+
+
+def test_sweep_layout_one_and_two_devices():
+    args = ppo.validate(ppo.Args(**TINY, learning_rate=(1e-3, 5e-3)))
+    _, one_device, t1 = ppo.run(args, num_devices=1)
+    _, two_devices, t2 = ppo.run(args, num_devices=2)
+    _, again, _ = ppo.run(args, num_devices=2)
+    assert (t1["devices"], t2["devices"]) == (1, 2)
+    for key in one_device:
+        np.testing.assert_allclose(one_device[key][..., 0], two_devices[key][..., 0], rtol=1e-5,
+                                   atol=1e-6, err_msg=key)
+        np.testing.assert_array_equal(two_devices[key], again[key], err_msg=key)
+
+
+def test_summary_rows_best_first():
+    args = ppo.validate(ppo.Args(**TINY, learning_rate=(1e-3, 2e-3, 3e-3), ent_coef=(0.0, 0.01)))
+    finals = np.array([[10.0, 12.0], [50.0, 52.0], [30.0, 30.0],
+                       [90.0, 80.0], [20.0, 20.0], [70.0, 71.0]])
+    timing = dict(devices=2, compile_s=1.0, cached=False, run_s=2.0, sps=3.0)
+    lines = ppo.summary(args, finals, timing).splitlines()
+    assert lines[0].startswith("ppo on CartPole-v1: 6 configurations x 2 seeds x")
+    assert lines[1].split(" | ")[:2] == ["learning_rate", "ent_coef"]
+    rows = [line.split(" | ") for line in lines[2:8]]
+    assert [(r[0], r[1]) for r in rows] == [("0.002", "0.01"), ("0.003", "0.01"),
+                                            ("0.001", "0.01"), ("0.002", "0"),
+                                            ("0.003", "0"), ("0.001", "0")]
+    assert rows[0][2].startswith("85.0 [80.0, 90.0]") and rows[0][4] == "80.0"
+
+
+@pytest.mark.parametrize("script, flags, flag", [
+    ("ppo.py", ["--num-envs", "4", "8"], "--num-envs"),
+    ("ppo.py", ["--update-epochs", "2", "4"], "--update-epochs"),
+    ("vpg.py", ["--total-timesteps", "1000", "2000"], "--total-timesteps"),
+    ("ppo.py", ["--learning-rate", "1e-3", "-1e-3"], "--learning-rate"),
+    ("vpg.py", ["--gamma", "0.9", "1.5"], "--gamma"),
+])
+def test_one_value_flags_refused_before_compiling(script, flags, flag, tmp_path):
+    assert_usage_error(script, flags, flag, tmp_path)
+
+
+def test_cli_sweep_run_directories(tmp_path):
+    """One run directory per configuration, its values in the name and in the hyperparameter
+    text, seed_k below it; the summary has one row per configuration."""
+    proc = run_script("ppo.py", "--num-envs", 4, "--num-steps", 16, "--num-minibatches", 2,
+                      "--total-timesteps", 4 * 16 * 10, "--num-seeds", 2,
+                      "--ent-coef", 0, 0.01, "--save-model", "--log-dir", tmp_path / "runs")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "2 configurations x 2 seeds" in proc.stdout and "(mean of" in proc.stdout
+    dirs = sorted((tmp_path / "runs").iterdir())
+    assert [d.name.split("__")[-1] for d in dirs] == ["ent_coef=0", "ent_coef=0.01"]
+    for d in dirs:
+        assert read_scalars(d / "seed_1", "charts/episodic_return")
+        assert (d / "model.msgpack").exists()
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    acc = EventAccumulator(str(dirs[1] / "seed_0"), size_guidance={"tensors": 0})
+    acc.Reload()
+    text = acc.Tensors("hyperparameters")[0].tensor_proto.string_val[0].decode()
+    assert "|ent_coef|(0.01,)|" in text
