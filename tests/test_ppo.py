@@ -1,8 +1,12 @@
-"""PPO: learning curves against stated thresholds, GAE against a plain loop, the seed sweep and
-the CLI."""
+"""PPO: learning curves against stated thresholds, GAE against a plain loop, truncation
+bootstrapping end to end, the losses against float64 numpy, the flags that change the update,
+every kind of gymnax env, the seed sweep and the CLI."""
 import dataclasses
 import shutil
+import sys
+from unittest import mock
 
+import distrax
 import flax.serialization
 import jax
 import jax.numpy as jnp
@@ -62,6 +66,255 @@ def test_gae_matches_plain_loop():
                                          gamma, lam)
     np.testing.assert_allclose(adv, ref_adv, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(targets, ref_targets, rtol=1e-5, atol=1e-5)
+
+
+def record_gae_inputs_with_short_episodes(module, monkeypatch, episode_steps=5):
+    """Patch `module` so that its envs truncate every episode after `episode_steps` steps
+    (gymnax.make) and every update reports what it passes to compute_gae; returns the list that
+    the runs then fill, one entry per run and update: float64 numpy arrays [T, N] (rewards,
+    values, next_values, terminated, truncated). In 5 steps from its start state CartPole-v1
+    cannot terminate, so every episode end is a truncation whose final observation differs from
+    the reset one."""
+    make, gae, calls = module.gymnax.make, module.compute_gae, []
+
+    def short_make(env_id, **kwargs):
+        env, env_params = make(env_id, **kwargs)
+        return env, env_params.replace(max_steps_in_episode=episode_steps)
+
+    def recording_gae(*inputs):  # make_train looks compute_gae up when it traces the update
+        jax.debug.callback(lambda *xs: calls.append([np.asarray(x, np.float64) for x in xs]),
+                           *inputs[:5])
+        return gae(*inputs)
+
+    monkeypatch.setattr(module.gymnax, "make", short_make)
+    monkeypatch.setattr(module, "compute_gae", recording_gae)
+    return calls
+
+
+def assert_truncation_bootstraps_from_final_observation(calls):
+    """next_values[t] must be V of the observation step t led to BEFORE the auto-reset. On an
+    ordinary step that is the next step's observation (next_values[t] == values[t + 1]); on a
+    truncated step it is the final observation, not the reset one the next step starts from.
+    (Bootstrapping from info["final_observation"] replaced by the post-reset observation would
+    make every truncated step equal too.)"""
+    for rewards, values, next_values, terminated, truncated in calls:
+        follows, reset_value = next_values[:-1], values[1:]
+        cut = (truncated[:-1] > 0) & (terminated[:-1] == 0)
+        ordinary = (truncated[:-1] == 0) & (terminated[:-1] == 0)
+        assert cut.sum() >= 8 and ordinary.sum() >= 24, (cut.sum(), ordinary.sum())
+        np.testing.assert_allclose(follows[ordinary], reset_value[ordinary], rtol=1e-6, atol=1e-6)
+        # Measured on these steps: |V(final) - V(reset)| 0.12 to 0.48 (ppo and vpg); 0 with the
+        # post-reset observation in place of the final one (checked on a copy of each file).
+        gap = np.abs(follows[cut] - reset_value[cut])
+        assert np.all(gap > 1e-3), gap
+
+
+class PerSampleGaussian:
+    """Stand-in for ActorCritic in loss_fn: params hold each sample's policy mean (unit-variance
+    Normal, so the entropy is the constant 0.5 log(2 pi e)) and its value."""
+
+    def apply(self, params, obs):
+        return distrax.Normal(params["mean"], 1.0), params["value"]
+
+
+def ppo_loss_reference(ratio, advantages, values, old_values, targets, clip, clip_vloss):
+    """Per sample, in float64, in the case form of the PPO paper: the surrogate is
+    min(r, 1 + eps) A for A >= 0 and max(r, 1 - eps) A for A < 0; its derivative in log pi is
+    r A where the unclipped term is the smaller one and 0 where the clip took over. Returns the
+    losses and their gradients in log pi (policy) and in V (value)."""
+    adv = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
+    n = len(adv)
+    objective = np.where(adv >= 0, np.minimum(ratio, 1 + clip), np.maximum(ratio, 1 - clip)) * adv
+    unclipped = np.where(adv >= 0, ratio < 1 + clip, ratio > 1 - clip)
+    d_log_prob = -np.where(unclipped, ratio * adv, 0.0) / n
+    error = values - targets
+    d_value = error / n
+    if clip_vloss:
+        clipped_error = old_values + np.clip(values - old_values, -clip, clip) - targets
+        value_losses = 0.5 * np.maximum(error**2, clipped_error**2)
+        # Where the clipped error is the larger (and V left the band) V gets no gradient.
+        d_value = np.where((clipped_error**2 > error**2) & (np.abs(values - old_values) > clip),
+                           0.0, d_value)
+    else:
+        value_losses = 0.5 * error**2
+    return -objective.mean(), value_losses.mean(), d_log_prob, d_value
+
+
+@pytest.mark.parametrize("clip_vloss", [False, True])
+def test_losses_match_float64_reference(clip_vloss):
+    """ppo.loss_fn on random inputs with ratios below, inside and above [1 - eps, 1 + eps], both
+    advantage signs, and values inside and outside the clip band around the behaviour values."""
+    rng = np.random.default_rng(1)
+    n, clip, vf_coef, ent_coef = 256, 0.2, 0.7, 0.03
+    f32 = lambda x: np.asarray(x, np.float32)
+    mean, action = f32(rng.normal(size=n)), f32(rng.normal(size=n))
+    # Ratios spread over [0.5, 1.5], none within 0.01 of a clip edge (float32 rounding).
+    ratio = rng.uniform(0.5, 1.5, size=4 * n)
+    ratio = ratio[np.abs(np.abs(ratio - 1) - clip) > 0.01][:n]
+    log_prob = -0.5 * (action.astype(np.float64) - mean) ** 2 - 0.5 * np.log(2 * np.pi)
+    behaviour_log_prob = f32(log_prob - np.log(ratio))
+    advantages, old_values, targets = (f32(rng.normal(size=n)) for _ in range(3))
+    values = f32(old_values + rng.uniform(-0.5, 0.5, size=n))
+    zeros = np.zeros(n, np.float32)
+    batch = ppo.Transition(zeros[:, None], action, behaviour_log_prob, zeros, zeros[:, None],
+                           zeros, zeros)
+    params = {"mean": mean, "value": values}
+    hp = {k: np.float32(v) for k, v in
+          dict(clip_coef=clip, vf_coef=vf_coef, ent_coef=ent_coef).items()}
+    (loss, stats), grads = jax.jit(jax.value_and_grad(
+        lambda p, *xs: ppo.loss_fn(p, PerSampleGaussian(), hp, clip_vloss, *xs), has_aux=True))(
+            params, batch, advantages, targets, old_values)
+
+    ratio = np.exp(log_prob - behaviour_log_prob)  # what the float32 inputs encode
+    adv = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
+    below, above = ratio < 1 - clip, ratio > 1 + clip
+    for case in (below, ~below & ~above, above):  # every region with both advantage signs
+        assert (case & (adv > 0)).sum() >= 10 and (case & (adv < 0)).sum() >= 10
+    outside_band = np.abs(values - old_values) > clip
+    assert 0.3 < outside_band.mean() < 0.9
+    policy, value, d_log_prob, d_value = ppo_loss_reference(
+        ratio, advantages.astype(np.float64), values.astype(np.float64),
+        old_values.astype(np.float64), targets.astype(np.float64), clip, clip_vloss)
+    entropy = 0.5 * np.log(2 * np.pi * np.e)
+    np.testing.assert_allclose(stats["loss/policy"], policy, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(stats["loss/value"], value, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(stats["loss/entropy"], entropy, rtol=1e-6)
+    np.testing.assert_allclose(loss, policy + vf_coef * value - ent_coef * entropy, rtol=1e-5,
+                               atol=1e-6)
+    np.testing.assert_allclose(stats["stats/clip_frac"], (np.abs(ratio - 1) > clip).mean())
+    np.testing.assert_allclose(stats["stats/approx_kl"], ((ratio - 1) - np.log(ratio)).mean(),
+                               rtol=1e-4, atol=1e-7)
+    # d log pi / d mean = action - mean for a unit-variance Normal; the entropy has no gradient.
+    np.testing.assert_allclose(grads["mean"], d_log_prob * (action - mean.astype(np.float64)),
+                               rtol=1e-4, atol=1e-8)
+    np.testing.assert_allclose(grads["value"], vf_coef * d_value, rtol=1e-4, atol=1e-8)
+    if clip_vloss:  # the band matters: some values lose their gradient, some keep it
+        assert 0 < (d_value == 0).sum() < outside_band.sum()
+
+
+# The flags that change the update, on tiny CartPole-v1 runs whose episodes are truncated after 5
+# steps. A compile costs about 10 s of CPU here, so two programs: the default flags, and every flag
+# that changes the update turned on at once (--clip-vloss --no-anneal-lr --normalize-obs
+# --normalize-reward), each flag then checked by an effect that it alone has. In each program one
+# sweep of 2 x 2 float coefficients (4 runs) shows that a changed coefficient changes the result.
+FLAG_RUN = dict(env_id="CartPole-v1", num_seeds=1, num_envs=4, num_steps=16, num_minibatches=2,
+                update_epochs=2, total_timesteps=4 * 16 * 3, hidden_size=16, vf_coef=(0.0, 0.5),
+                track=False)
+FLAG_VARIANTS = {  # the swept coefficient (slowest in the grid), then the flags
+    "default": dict(learning_rate=(1e-3, 3e-3)),
+    "all_on": dict(clip_coef=(0.01, 0.2), clip_vloss=True, anneal_lr=False, normalize_obs=True,
+                   normalize_reward=True)}
+
+
+@pytest.fixture(scope="module")
+def flag_runs():
+    """variant -> (args, final state, metrics, GAE inputs of every run and update, the clip_vloss
+    values loss_fn was traced with); state and metrics leaves [4 configs, 1 seed, ...], configs in
+    grid order: (a, vf 0), (a, vf 0.5), (b, vf 0), (b, vf 0.5) for the swept coefficient's values
+    a, b. Each variant runs once, when a test first asks for it."""
+    cache = {}
+
+    def get(variant):
+        if variant not in cache:
+            with pytest.MonkeyPatch.context() as monkeypatch:
+                calls, traced = record_gae_inputs_with_short_episodes(ppo, monkeypatch), []
+                loss_fn = ppo.loss_fn
+
+                def spy(params, network, hp, clip_vloss, *batch):
+                    traced.append(clip_vloss)
+                    return loss_fn(params, network, hp, clip_vloss, *batch)
+
+                monkeypatch.setattr(ppo, "loss_fn", spy)
+                args = ppo.validate(ppo.Args(**FLAG_RUN, **FLAG_VARIANTS[variant]))
+                assert [c["vf_coef"] for c in ppo.grid(args)] == [0.0, 0.5, 0.0, 0.5]
+                state, metrics, _ = ppo.run(args)
+            cache[variant] = (args, *jax.device_get((state, metrics)), calls, traced)
+        return cache[variant]
+
+    return get
+
+
+def test_truncation_bootstraps_from_the_final_observation(flag_runs):
+    *_, calls, _ = flag_runs("default")
+    assert len(calls) == 4 * 3  # every run, every update
+    assert_truncation_bootstraps_from_final_observation(calls)
+
+
+def part(state, name):
+    """The actor's or the critic's parameters of each run, [4 configs, 1 seed, ...] leaves."""
+    return state.train_state.params["params"][name]
+
+
+def assert_trees_equal(a, b, equal=True):
+    same = all(np.array_equal(x, y) for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)))
+    assert same == equal
+
+
+@pytest.mark.parametrize("variant", FLAG_VARIANTS)
+def test_flags_run_and_coefficients_change_the_result(flag_runs, variant):
+    """Each program runs with finite losses; --vf-coef 0 leaves the critic at its initial
+    parameters whatever the other coefficient (and 0.5 does not); the swept coefficient (the
+    learning rate, or the clip range) changes the actor."""
+    _, state, metrics, *_ = flag_runs(variant)
+    for key, values in metrics.items():
+        assert values.shape == (4, 1, 3), key
+        assert np.all(np.isfinite(values) | (key in ("episode_return", "episode_length"))), key
+    pick = lambda tree, c: jax.tree.map(lambda x: x[c], tree)
+    critic, actor = part(state, "critic"), part(state, "actor")
+    assert_trees_equal(pick(critic, 0), pick(critic, 2))  # vf_coef 0: both still the init
+    assert_trees_equal(pick(critic, 1), pick(critic, 3), equal=False)
+    assert_trees_equal(pick(critic, 0), pick(critic, 1), equal=False)
+    for c in (0, 1):
+        assert_trees_equal(pick(actor, c), pick(actor, c + 2), equal=False)
+        assert not np.array_equal(metrics["loss/policy"][c], metrics["loss/policy"][c + 2])
+    assert not np.array_equal(metrics["loss/value"][0], metrics["loss/value"][1])
+
+
+def test_each_flag_has_its_effect(flag_runs):
+    """Against the default program, each flag by an effect it alone has: --clip-vloss reaches
+    loss_fn (whose clipped value loss test_losses_match_float64_reference checks); --no-anneal-lr
+    drops the schedule's step counter, which with annealing counts every minibatch step beside
+    Adam's own; --normalize-obs feeds observations through statistics that take every step's
+    observations (so V of the same observation differs between consecutive steps);
+    --normalize-reward hands GAE rewards divided by the return's running std (CartPole-v1's are
+    all 1), from statistics that take every step's returns."""
+    default, on = flag_runs("default"), flag_runs("all_on")
+    assert set(default[4]) == {False} and set(on[4]) == {True}
+    counts = lambda state: [int(leaf) for path, leaf in jax.tree_util.tree_leaves_with_path(
+        jax.tree.map(lambda x: x[0, 0], state.train_state.opt_state))
+        if "count" in jax.tree_util.keystr(path)]
+    args = default[0]
+    minibatch_steps = 3 * args.update_epochs * args.num_minibatches
+    assert counts(default[1]) == [minibatch_steps] * 2 and counts(on[1]) == [minibatch_steps]
+    steps = FLAG_RUN["total_timesteps"]
+    for (_, state, _, calls, _), seen in [(default, 0), (on, steps)]:
+        np.testing.assert_allclose(state.obs_stats.count, 1e-4 + seen, rtol=1e-6)
+        np.testing.assert_allclose(state.return_stats.count, 1e-4 + seen, rtol=1e-6)
+    rewards = np.stack([call[0] for call in on[3]])
+    np.testing.assert_array_equal(np.stack([call[0] for call in default[3]]), 1.0)
+    assert np.all(rewards > 0) and np.all(rewards != 1.0) and np.all(np.isfinite(rewards))
+    for _, values, next_values, terminated, truncated in on[3]:
+        ordinary = (truncated[:-1] == 0) & (terminated[:-1] == 0)
+        assert np.all(next_values[:-1][ordinary] != values[1:][ordinary])
+
+
+# Every gymnax env with a Discrete or Box action space runs: observations of any rank are
+# flattened. A MinAtar grid (10x10x4) and a bsuite one (Catch, 10x5), through the command line's
+# own main() in-process (the CLI path without ~5 s of imports), tiny budgets.
+@pytest.mark.parametrize("env_id", ["Breakout-MinAtar", "Catch-bsuite"])
+def test_minatar_and_bsuite_envs_run(env_id, tmp_path, capsys):
+    flags = ["--env-id", env_id, "--num-seeds", 2, "--num-envs", 8, "--num-steps", 32,
+             "--num-minibatches", 2, "--update-epochs", 1, "--hidden-size", 16,
+             "--total-timesteps", 8 * 32 * 4, "--log-dir", tmp_path / "runs"]
+    with mock.patch.object(sys, "argv", ["ppo.py", *map(str, flags)]):
+        ppo.main()
+    assert "final return per seed" in capsys.readouterr().out
+    (run_dir,) = (tmp_path / "runs").iterdir()
+    assert run_dir.name.startswith(f"{env_id}__ppo__1__")
+    for k in range(2):
+        returns = [v for _, v in read_scalars(run_dir / f"seed_{k}", "charts/episodic_return")]
+        assert returns and np.all(np.isfinite(returns)), returns
+        assert len(read_scalars(run_dir / f"seed_{k}", "losses/value")) == 4
 
 
 TINY = dict(env_id="CartPole-v1", num_envs=8, num_steps=32, num_minibatches=4,
