@@ -7,9 +7,11 @@ numpy implementation (also timed on OIS, PDIS and WPDIS alone, the issue's 0.39M
 reference); and the percentile bootstrap (1000 resamples) on its own. Every workload runs in its own
 process (common.run_worker): one warm-up call (the compile, for JAX), then the median of several.
 
-Accuracy: the GridWorld sweep of is_eval.py (bias, standard deviation, MSE and 95%-interval coverage
-against the exact V^pi for n = 10 ... 10000 episodes), with the MSE-vs-n plot saved under
-benchmarks/results/.
+Accuracy: the GridWorld sweep of is_eval.py against the exact V^pi for n = 10 ... 10000 episodes,
+500 datasets per n: bias, standard deviation, MSE and the coverage of every estimator's 95% BCa
+interval, the HCOPE lower bound (how far below V^pi, how often it holds), and the DR/WDR bias
+with Q-hat cross-fitted (--folds 2) against Q-hat fitted on the episodes it scores (--folds 1).
+The MSE-vs-n plot is saved under benchmarks/results/.
 
     python benchmarks/bench_is_eval.py [--quick]
 """
@@ -30,7 +32,7 @@ GAMMA = 0.99
 
 # ----------------------------------------------------------------------------- data
 def make_data(n: int, horizon: int, seed: int = 0) -> dict:
-    """Logged episodes of random lengths (at least H/2), float32, as the [N, H] arrays is_eval takes."""
+    """Logged episodes of random lengths (at least H/2), float32, as [N, H] arrays for is_eval."""
     rng = np.random.default_rng(seed)
     f32 = lambda: rng.standard_normal((n, horizon), dtype=np.float32)  # noqa: E731
     lengths = rng.integers(horizon // 2, horizon + 1, n)
@@ -74,13 +76,14 @@ def to_episode_objects(d) -> list:
     from types import SimpleNamespace
 
     lengths = d["mask"].sum(1)
-    return [SimpleNamespace(**{k: d[k][i, :length] for k in ("tlp", "blp", "rewards", "q_hat", "v_hat")})
+    keys = ("tlp", "blp", "rewards", "q_hat", "v_hat")
+    return [SimpleNamespace(**{k: d[k][i, :length] for k in keys})
             for i, length in enumerate(lengths)]
 
 
 def python_loop(episodes, horizon: int, gamma=GAMMA) -> dict:
-    """The per-episode Python loop this file replaces: numpy inside each episode, the episodes one at
-    a time; per-step sums over episodes for the weighted per-decision estimators."""
+    """The per-episode Python loop this file replaces: numpy inside each episode, the episodes one
+    at a time; per-step sums over episodes for the weighted per-decision estimators."""
     n = len(episodes)
     disc = gamma ** np.arange(horizon)
     s, s_prev, wr, wrq, wv = (np.zeros(horizon) for _ in range(5))
@@ -123,11 +126,12 @@ def worker(config: dict) -> dict:
         import jax
 
         is_eval = common.import_algo("is_eval")
-        episodes = is_eval.Episodes(None, None, *(jax.device_put(d[k]) for k in ("rewards", "blp", "mask")))
+        arrays = (jax.device_put(d[k]) for k in ("rewards", "blp", "mask"))
+        episodes = is_eval.Episodes(None, None, *arrays)
         tlp, q_hat, v_hat = (jax.device_put(d[k]) for k in ("tlp", "q_hat", "v_hat"))
         if kind == "jax_all":
             fn = lambda: is_eval.estimate(episodes, tlp, GAMMA, q_hat, v_hat)  # noqa: E731
-        else:  # jax_bootstrap: the per-episode rows and config["resamples"] resamples, one jitted call
+        else:  # jax_bootstrap: per-episode rows and config["resamples"] resamples, one jitted call
             boot = jax.jit(lambda key, *data: is_eval.bootstrap_ci(
                 key, is_eval.episode_rows(*data), GAMMA, config["resamples"]))
             data = (episodes, tlp, GAMMA, q_hat, v_hat)
@@ -135,7 +139,8 @@ def worker(config: dict) -> dict:
     first, steady = common.time_calls(fn, repeats)
     rss = common.peak_rss_mib()  # before the float64 reference below adds its own arrays
     out = fn()
-    reference = numpy_all({k: v.astype(np.float64) if v.dtype == np.float32 else v for k, v in d.items()})
+    reference = numpy_all({k: v.astype(np.float64) if v.dtype == np.float32 else v
+                           for k, v in d.items()})
     diff = max((abs(float(out[k]) - reference[k]) / max(abs(reference[k]), 1e-12) for k in out
                 if k in reference and np.ndim(out[k]) == 0), default=float("nan"))
     median = float(np.median(steady))
@@ -146,13 +151,14 @@ def worker(config: dict) -> dict:
 def sweep_worker(config: dict) -> dict:
     """The GridWorld sweep: bias, variance, MSE and coverage per estimator and n."""
     is_eval = common.import_algo("is_eval")
-    args = is_eval.validate(is_eval.Args(dataset_sizes=tuple(config["sizes"]), num_datasets=config["datasets"],
-                                         sweep_bootstrap=config["resamples"], track=False))
+    args = is_eval.validate(is_eval.Args(
+        dataset_sizes=tuple(config["sizes"]), num_datasets=config["datasets"],
+        sweep_bootstrap=config["resamples"], folds=config["folds"], track=False))
     value = float(is_eval.gridworld_problem(args).value)
     _, metrics, timing = is_eval.run(args)
     stats = is_eval.sweep_stats(metrics, value)
-    return {"value": value, "timing": timing,
-            "stats": {name: {k: [float(x) for x in v] for k, v in s.items()} for name, s in stats.items()}}
+    return {"value": value, "timing": timing, "stats": {
+        name: {k: [float(x) for x in v] for k, v in s.items()} for name, s in stats.items()}}
 
 
 # ----------------------------------------------------------------------------- tables
@@ -184,35 +190,54 @@ def run(quick: bool) -> str:
         r = results[kind]
         n_used = 20_000 if kind == "python_loop" else n
         label = NAMES[kind] + (f" ({resamples} resamples)" if kind == "jax_bootstrap" else "")
-        rows.append([label, what, f"{n_used:,} x {horizon}", f"{r['first_s']:.2f}", f"{r['median_s'] * 1e3:.1f}",
-                     f"{r['episodes_per_s'] / 1e6:.3f}M", f"{r['best_episodes_per_s'] / 1e6:.3f}M",
+        rows.append([label, what, f"{n_used:,} x {horizon}", f"{r['first_s']:.2f}",
+                     f"{r['median_s'] * 1e3:.1f}", f"{r['episodes_per_s'] / 1e6:.3f}M",
+                     f"{r['best_episodes_per_s'] / 1e6:.3f}M",
                      f"{r['episodes_per_s'] / numpy_rate:.2f}x", f"{r['max_rel_diff']:.1e}",
                      f"{r['timed_rss_mib']:.0f}"])
     speed = common.md_table(
-        ["implementation", "estimators", "episodes x H", "first call s", "median ms", "episodes/s (median)",
-         "episodes/s (best)", "median vs numpy (all)", "max rel. diff vs float64", "peak RSS MiB"], rows)
+        ["implementation", "estimators", "episodes x H", "first call s", "median ms",
+         "episodes/s (median)", "episodes/s (best)", "median vs numpy (all)",
+         "max rel. diff vs float64", "peak RSS MiB"], rows)
 
     sizes = [10, 100, 1000] if quick else [10, 100, 1000, 10000]
-    datasets = 20 if quick else 100
-    sweep = common.run_worker(SCRIPT, {"kind": "sweep", "sizes": sizes, "datasets": datasets,
-                                       "resamples": 50 if quick else 200, "n": 0, "horizon": 0, "repeats": 0})
+    datasets = 20 if quick else 500
+    sweeps = {folds: common.run_worker(SCRIPT, {
+        "kind": "sweep", "sizes": sizes, "datasets": datasets, "folds": folds,
+        "resamples": 50 if quick else 200, "n": 0, "horizon": 0, "repeats": 0}) for folds in (2, 1)}
+    sweep = sweeps[2]
     rows = []
     for name, s in sweep["stats"].items():
         for j, size in enumerate(sizes):
-            rows.append([name.upper(), size, f"{s['bias'][j]:+.4f}", f"{np.sqrt(s['variance'][j]):.4f}",
-                         f"{s['mse'][j]:.3g}", f"{s['coverage'][j]:.2f}"])
-    accuracy = common.md_table(["estimator", "n", "bias", "std", "MSE", "95% CI coverage"], rows)
+            rows.append([name.upper(), size, f"{s['bias'][j]:+.4f}",
+                         f"{np.sqrt(s['variance'][j]):.4f}", f"{s['mse'][j]:.3g}",
+                         f"{s['coverage'][j]:.3f}"])
+    accuracy = common.md_table(["estimator", "n", "bias", "std", "MSE", "95% BCa coverage"], rows)
+    rows = [[name.upper(), size] + [f"{sweeps[f]['stats'][name][stat][j]:{spec}}"
+                                    for f in (1, 2) for stat, spec in (("bias", "+.4f"),
+                                                                       ("mse", ".3g"))]
+            for name in ("dr", "wdr") for j, size in enumerate(sizes)]
+    folds = common.md_table(["estimator", "n", "bias, in-sample Q-hat", "MSE, in-sample",
+                             "bias, cross-fitted (2 folds)", "MSE, cross-fitted"], rows)
     is_eval = common.import_algo("is_eval")
     common.RESULTS.mkdir(parents=True, exist_ok=True)
     plot = common.RESULTS / "is_eval_mse_vs_n.png"
-    is_eval.plot_mse({k: {"mse": np.array(v["mse"])} for k, v in sweep["stats"].items()}, sizes, str(plot))
+    mse = {k: {"mse": np.array(v["mse"])} for k, v in sweep["stats"].items()}
+    is_eval.plot_mse(mse, sizes, str(plot))
     timing = sweep["timing"]
+    se = np.sqrt(0.95 * 0.05 / datasets)
     return "\n\n".join([
-        f"### is_eval: episodes per second, N = {n:,}, H = {horizon} (median of several calls after a warm-up)",
+        f"### is_eval: episodes per second, N = {n:,}, H = {horizon} (median of several calls "
+        "after a warm-up)",
         speed,
-        f"### is_eval: GridWorld sweep, exact V^pi = {sweep['value']:.4f}, {datasets} datasets per n "
-        f"(compile {timing['compile_s']:.1f} s, run {timing['run_s']:.1f} s)",
+        f"### is_eval: GridWorld sweep, exact V^pi = {sweep['value']:.4f}, {datasets} datasets per "
+        f"n (compile {timing['compile_s']:.1f} s, run {timing['run_s']:.1f} s)",
         accuracy,
+        f"Coverage of a 95% interval over {datasets} datasets has a binomial standard error of "
+        f"{se:.3f}. HCOPE rows: the delta = 0.05 lower bound; bias is its mean distance below "
+        "V^pi, coverage how often it holds (at least 0.95 by construction).",
+        "### is_eval: DR and WDR, Q-hat fitted on the episodes it scores vs cross-fitted",
+        folds,
         f"![is_eval MSE against n]({plot.name})",
     ])
 

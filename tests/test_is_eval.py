@@ -366,8 +366,9 @@ def test_cross_fitting_and_fold_resampling():
     a resample draws each fold's size from that fold."""
     args = is_eval.Args()
     problem = is_eval.gridworld_problem(args)
-    episodes, _ = is_eval.collect(jax.random.PRNGKey(3), problem.mdp, problem.behaviour,
-                                  problem.target, 51, 20)
+    collect = jax.jit(is_eval.collect, static_argnums=(4, 5))
+    episodes, _ = collect(jax.random.PRNGKey(3), problem.mdp, problem.behaviour, problem.target, 51,
+                          20)
     cross_fit = jax.jit(is_eval.cross_fit, static_argnums=3)
     q, q_hat, v_hat = cross_fit(episodes, problem.target, args.gamma, 2)
     fold, fit = is_eval.fold_of(51, 2), jax.jit(is_eval.fit_q_hat)
