@@ -4,10 +4,13 @@
     python benchmarks/run.py --quick    # a few minutes: same tables, tiny budgets
     python benchmarks/run.py --only ppo,vpg,q_learning,is_eval
     python benchmarks/run.py --peers    # add the reference implementations (own requirements)
+    python benchmarks/run.py --only envs  # every gymnax env, PPO and VPG beside a random policy
 
 Writes RESULTS.md (all tables, machine header first) and the PNGs into --out
 (default benchmarks/results/). A full run into the default folder also refreshes the block of
-README.md between the results markers, so the README always shows the latest full results."""
+README.md between the results markers, so the README always shows the latest full results.
+The envs section (well over an hour on 2 cores) runs only when --only names it, and writes its
+table to ENVS.md in the same folder, never to RESULTS.md nor the README."""
 import argparse
 import sys
 import time
@@ -20,35 +23,52 @@ SECTIONS = {  # selector -> (module, the algorithms it covers)
     "rl": ("bench_rl", ("ppo", "vpg")),
     "q_learning": ("bench_q_learning", ("q_learning",)),
     "is_eval": ("bench_is_eval", ("is_eval",)),
+    "envs": ("bench_envs", ("envs",)),
 }
-ALL = ("ppo", "vpg", "q_learning", "is_eval")
+ALL = ("ppo", "vpg", "q_learning", "is_eval")  # the default run
+OPTIONAL = ("envs",)  # run only when --only names them; written to <NAME>.md
 README_START, README_END = "<!-- results:start -->", "<!-- results:end -->"
 
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="tiny budgets: checks the pipeline")
-    parser.add_argument("--only", default=",".join(ALL), help=f"comma list out of {','.join(ALL)}")
+    parser.add_argument("--only", default=",".join(ALL),
+                        help=f"comma list out of {','.join(ALL + OPTIONAL)}")
     parser.add_argument("--peers", action="store_true",
                         help="also run reference implementations "
                              "(benchmarks/requirements-peers.txt)")
     parser.add_argument("--out", type=Path, default=common.RESULTS, help="output folder")
     opts = parser.parse_args(argv)
     selected = [name.strip() for name in opts.only.split(",") if name.strip()]
-    unknown = sorted(set(selected) - set(ALL))
+    unknown = sorted(set(selected) - set(ALL + OPTIONAL))
     if unknown:
-        parser.error(f"--only: unknown {', '.join(unknown)} (choose from {', '.join(ALL)})")
+        parser.error(f"--only: unknown {', '.join(unknown)} "
+                     f"(choose from {', '.join(ALL + OPTIONAL)})")
 
     opts.out.mkdir(parents=True, exist_ok=True)
     common.RESULTS = opts.out
     t0 = time.time()
     mode = ("quick (tiny budgets: numbers check the pipeline, not the algorithms)" if opts.quick
             else "full")
-    parts = ["# Benchmark results", common.machine_header(),
-             f"Produced by `python benchmarks/run.py{' --quick' if opts.quick else ''}"
-             f"{' --peers' if opts.peers else ''}` ({mode}), {time.strftime('%Y-%m-%d')}."]
+    only = "" if opts.only == ",".join(ALL) else f" --only {opts.only}"
+    header = [common.machine_header(),
+              f"Produced by `python benchmarks/run.py{' --quick' if opts.quick else ''}{only}"
+              f"{' --peers' if opts.peers else ''}` ({mode}), {time.strftime('%Y-%m-%d')}."]
+    for name in OPTIONAL:
+        if name in selected:
+            module_name = SECTIONS[name][0]
+            print(f"running {module_name} ...", flush=True)
+            t_section = time.time()
+            text = "\n\n".join([*header, __import__(module_name).run(opts.quick),
+                                 f"Section time: {time.time() - t_section:.0f} s."]) + "\n"
+            (opts.out / f"{name.upper()}.md").write_text(text)
+            print(text)
+    if not set(selected) & set(ALL):
+        return
+    parts = ["# Benchmark results", *header]
     for module_name, algos in SECTIONS.values():
-        chosen = [a for a in algos if a in selected]
+        chosen = [a for a in algos if a in selected and a in ALL]
         if not chosen:
             continue
         print(f"running {module_name} for {', '.join(chosen)} ...", flush=True)
