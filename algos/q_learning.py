@@ -11,7 +11,7 @@ exactly by value iteration and logs how close every agent is to the optimal Q*.
 
 Run it:
     python algos/q_learning.py --help
-    python algos/q_learning.py                          # 6x6 GridWorld maze, 30 agents x 200k steps
+    python algos/q_learning.py                          # 6x6 maze, 2 seeds x 30 agents x 200k steps
     python algos/q_learning.py --slip 0.2 --plot        # slippery moves; PNG heat map of max Q
     python algos/q_learning.py --env-id FrozenLake-misc --num-agents 1024
 
@@ -65,7 +65,7 @@ class Args:
     """`GridWorld-v0` (the grid configured below) or `FrozenLake-misc` (gymnax's slippery lake)"""
     seed: int = 1
     """base seed: seed k of the sweep uses the k-th split of PRNGKey(seed)"""
-    num_seeds: int = 1
+    num_seeds: int = 2
     """independent runs side by side: vmap per device, pmap over the devices (on CPU, cores)"""
     track: bool = True
     """write tensorboard event files under --log-dir"""
