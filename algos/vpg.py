@@ -167,9 +167,10 @@ def check_one_value_flags(argv):
 
 def validate(args: Args) -> Args:
     """Check every flag before anything is compiled; returns the args with defaults filled."""
-    if args.env_id not in gymnax.registered_envs:
-        raise ArgError(f"--env-id {args.env_id!r} is not a gymnax environment")
-    env, env_params = gymnax.make(args.env_id)
+    try:  # an unknown id, or an env that cannot be built here (MNISTBandit-bsuite downloads data)
+        env, env_params = gymnax.make(args.env_id)
+    except Exception as e:
+        raise ArgError(f"--env-id {args.env_id!r} cannot be built: {e!r}".splitlines()[0]) from None
     if not isinstance(env.action_space(env_params), (spaces.Discrete, spaces.Box)):
         raise ArgError(f"--env-id {args.env_id!r} has an action space VPG here does not handle")
     for name in ("num_seeds", "num_envs", "num_steps", "num_minibatches", "update_epochs",
