@@ -33,16 +33,24 @@ import json
 import math
 import os
 import sys
+import threading
 import time
 from functools import partial
 from typing import NamedTuple, Optional
 
+import jax
+
+# Before any JAX operation: one CPU device per core (unless chosen), for the sweep's pmap to use.
+if ("xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", "")
+        and jax.config.jax_num_cpu_devices < 0):
+    jax.config.update("jax_num_cpu_devices", os.cpu_count() or 1)
+
 import flax.linen as nn
 import flax.serialization
-import jax
 import jax.numpy as jnp
 import numpy as np
 import tyro
+from jax.experimental.compilation_cache import compilation_cache
 
 # gymnax is imported where --target-model needs it: importing it takes seconds, nothing else does.
 # GPUs multiply float32 matrices in TF32 (a 10-bit mantissa) unless told otherwise: every product
@@ -59,11 +67,14 @@ class Args:
     """base seed: the table's dataset uses PRNGKey(seed), dataset k of the sweep its k-th split"""
     num_datasets: int = 500
     """independent datasets per size n in the sweep (this file's --num-seeds: vmap on each device,
-    pmap across devices); must be a multiple of the number of devices"""
+    pmap over the devices, on CPU cores)"""
     track: bool = True
     """write tensorboard event files (scalars and result tables) and the MSE plot under --log-dir"""
     log_dir: str = "runs"
     """root directory of the tensorboard runs"""
+    compile_cache_dir: str = os.environ.get("JAX_COMPILATION_CACHE_DIR",
+                                            os.path.expanduser("~/.cache/jax"))
+    """persistent compilation cache, so a rerun skips most of the compile ("" turns it off)"""
 
     gamma: float = 0.95
     """discount factor of the value being estimated, in [0, 1]"""
@@ -115,7 +126,6 @@ class ArgError(ValueError):
 def validate(args: Args) -> Args:
     """Check every flag before anything is compiled (--dataset and --target-model are checked when
     they are loaded, also before compiling)."""
-    smallest = min((*args.dataset_sizes, args.num_episodes))
     rules = [  # (fields, rule, holds for a value)
         (("gamma", "slip", "epsilon"), "must be in [0, 1]", lambda v: 0 <= v <= 1),
         (("num_episodes", "num_datasets", "horizon", "num_mc_episodes"), "must be >= 1",
@@ -126,17 +136,13 @@ def validate(args: Args) -> Args:
         (("delta",), "must be in (0, 1)", lambda v: 0 < v < 1),
         (("return_range",), "must be LOW HIGH with LOW < HIGH", lambda v: v is None or v[0] < v[1]),
         (("folds",), "must be between 1 and the smallest of --dataset-sizes and --num-episodes",
-         lambda v: 1 <= v <= smallest),
+         lambda v: 1 <= v <= min((*args.dataset_sizes, args.num_episodes))),
     ]
     for name, rule, holds in ((name, *rule) for names, *rule in rules for name in names):
         if not holds(getattr(args, name)):
             raise ArgError(f"--{name.replace('_', '-')} {rule} (got {getattr(args, name)})")
     if args.dataset is not None and args.target_model is not None:
         raise ArgError("--dataset and --target-model are two different experiments: give one")
-    sweep = args.dataset is None and args.target_model is None
-    if sweep and args.num_datasets % jax.local_device_count():
-        raise ArgError(f"--num-datasets {args.num_datasets} must be a multiple of the "
-                       f"{jax.local_device_count()} devices")
     return args
 
 
@@ -469,10 +475,9 @@ def from_sums(s: Sums, n: int, gamma) -> dict:
     """Every estimate from the sums over n episodes; leading batch axes are kept."""
     log_discount = log_discounts(gamma, s.shift.shape[0], s.w.dtype)
     discount = jnp.exp(log_discount)
-    w_last = s.w[..., -1]
     out = {
         "ois": _times_exp(s.shift[-1], s.wg) / n,
-        "wis": _ratio(s.wg, w_last),
+        "wis": _ratio(s.wg, s.w[..., -1]),
         "pdis": _times_exp(s.shift + log_discount, s.wr).sum(-1) / n,
         "wpdis": (discount * _ratio(s.wr, s.w)).sum(-1),
     }
@@ -498,26 +503,23 @@ def weight_stats(s: Sums, n: int) -> dict:
             "mean_weight_se": jnp.sqrt(jnp.maximum(square - mean**2, 0.0) / max(n - 1, 1))}
 
 
+@jax.jit
 def estimators(episodes: Episodes, target_log_prob, gamma, q_hat=None, v_hat=None):
     """Pure and jittable: ({name: estimate} and the `weight_stats`, the number of invalid steps: the
     estimates mean nothing unless it is 0). OIS, WIS, PDIS and WPDIS always; DR and WDR when q_hat
     and v_hat ([N, H]) are given."""
     data = (episodes._replace(obs=None, actions=None), target_log_prob, q_hat, v_hat)
-    n, horizon = episodes.rewards.shape
+    n = episodes.rewards.shape[0]
     num_full, rest = divmod(n, CHUNK)
 
     def block(start, size):
         part = jax.tree.map(lambda x: jax.lax.dynamic_slice_in_dim(x, start, size), data)
         return weighted_sums(episode_rows(part[0], part[1], gamma, *part[2:]))
 
-    if num_full == 0:
-        sums = block(0, rest)
-    else:  # a scan over the full blocks, then the rest
-        zeros = jnp.zeros(horizon, jnp.result_type(episodes.rewards, float))
-        model = None if q_hat is None else zeros
-        empty = Sums(zeros - jnp.inf, zeros, zeros, zeros[0], zeros, model, model, jnp.int32(0))
-        sums, _ = jax.lax.scan(lambda s, i: (_merge(s, block(i * CHUNK, CHUNK)), None), empty,
-                               jnp.arange(num_full))
+    sums = block(0, min(n, CHUNK))
+    if n > CHUNK:  # a scan over the other full blocks, then the rest
+        sums, _ = jax.lax.scan(lambda s, i: (_merge(s, block(i * CHUNK, CHUNK)), None), sums,
+                               jnp.arange(1, num_full))
         sums = _merge(sums, block(num_full * CHUNK, rest)) if rest else sums
 
     return from_sums(sums, n, gamma) | weight_stats(sums, n), sums.invalid
@@ -629,16 +631,13 @@ def check_episodes(episodes: Episodes, target_log_prob, gamma, q_hat=None, v_hat
                 f"the log-ratio target_log_prob - behaviour_log_prob is {tlp[i, t] - blp[i, t]}"))
 
 
-_estimators_jit = jax.jit(estimators)
-
-
 def estimate(episodes: Episodes, target_log_prob, gamma, q_hat=None, v_hat=None) -> dict:
     """Every estimator on your data in one jitted call: 'ois', 'wis', 'pdis', 'wpdis', with q_hat
     (Q-hat at the logged actions) and v_hat (V-hat at the logged states) 'dr' and 'wdr', and the
     `weight_stats`. ValueError for any input `check_episodes` rejects, naming episode and step."""
     check_episodes(episodes, target_log_prob, gamma, q_hat, v_hat)
     used = episodes._replace(obs=None, actions=None)  # not needed: not sent to the device
-    out, invalid = _estimators_jit(used, target_log_prob, gamma, q_hat, v_hat)
+    out, invalid = estimators(used, target_log_prob, gamma, q_hat, v_hat)
     if int(invalid):
         check_episodes(episodes, target_log_prob, gamma, q_hat, v_hat, values=True)
     return out
@@ -673,8 +672,7 @@ def make_train(args: Args, num_resamples: Optional[int] = None):
                                     num_resamples, args.delta, problem.returns, args.folds)
             ci["hcope"] = jnp.stack([bound, jnp.inf])
             result = {("estimate/" if k in ESTIMATORS else "stats/") + k: v for k, v in est.items()}
-            result.update({f"ci_low/{k}": ci[k][0] for k in ci})
-            result.update({f"ci_high/{k}": ci[k][1] for k in ci})
+            result |= {f"ci_{side}/{k}": x for k in ci for side, x in zip(("low", "high"), ci[k])}
             results.append(result | {"estimate/hcope": bound})
         metrics = {k: jnp.stack([r[k] for r in results]) for k in results[0]}
         jax.debug.callback(PROGRESS, metrics["estimate/wis"][-1])
@@ -683,29 +681,31 @@ def make_train(args: Args, num_resamples: Optional[int] = None):
 
 
 # ============================================================================ 5. dataset sweep
+CACHE_HITS = []  # of the persistent cache: counted around a compile, to say where it came from
+jax.monitoring.register_event_listener(lambda e, **_: e.endswith("hits") and CACHE_HITS.append(e))
+
+
 def run(args: Args, num_devices: Optional[int] = None):
-    """All args.num_datasets datasets of the sweep: pmap over devices x vmap over datasets on each,
-    in about ten batches per device (bounded memory, paced progress lines). Dataset k always gets
-    the k-th split of PRNGKey(args.seed). Returns (Q-hats, metrics, timing), [datasets, ...]."""
-    devices = jax.local_devices()[: num_devices or jax.local_device_count()]
-    per_device = args.num_datasets // len(devices)
-    keys = jax.random.split(jax.random.PRNGKey(args.seed), args.num_datasets)
-    keys = keys.reshape(len(devices), per_device, *keys.shape[1:])
+    """All args.num_datasets datasets: pmap over the most local devices (at most num_devices) that
+    divide them x vmap over datasets on each, in about ten batches per device (bounded memory, paced
+    progress). Dataset k: k-th split of PRNGKey(args.seed). Returns (Q-hats, metrics, timing)."""
+    num, limit = args.num_datasets, num_devices or jax.local_device_count()
+    devices = jax.local_devices()[: max(d for d in range(1, limit + 1) if num % d == 0)]
+    per_device = num // len(devices)
+    keys = jax.random.split(jax.random.PRNGKey(args.seed), (len(devices), per_device))
     batch = max(d for d in range(1, max(1, per_device // 10) + 1) if per_device % d == 0)
-    evaluate = make_train(args)
-    sweep = jax.pmap(lambda k: jax.lax.map(evaluate, k, batch_size=batch), devices=devices)
-    PROGRESS.start(args)
+    sweep = jax.pmap(partial(jax.lax.map, make_train(args), batch_size=batch), devices=devices)
     t0 = time.perf_counter()
-    compiled = sweep.lower(keys).compile(compiler_options=FAST_COMPILE)
-    compile_s = time.perf_counter() - t0
-    PROGRESS.t_start = time.perf_counter()
+    lowered = sweep.lower(keys)
+    hits = len(CACHE_HITS)  # a hit from here on is the sweep's
+    compiled = lowered.compile(compiler_options=FAST_COMPILE)
+    compile_s, cached = time.perf_counter() - t0, len(CACHE_HITS) > hits
+    PROGRESS.start(args)
     state, metrics = jax.block_until_ready(compiled(keys))
     run_s = time.perf_counter() - PROGRESS.t_start
-    merge = lambda x: x.reshape(args.num_datasets, *x.shape[2:])  # noqa: E731
-    state, metrics = jax.tree.map(merge, (state, metrics))
-    episodes = args.num_datasets * max(args.dataset_sizes)
-    timing = {"compile_s": compile_s, "run_s": run_s, "episodes_per_s": episodes / run_s}
-    return state, metrics, timing
+    state, metrics = jax.tree.map(lambda x: x.reshape(num, *x.shape[2:]), (state, metrics))
+    timing = {"compile_s": compile_s, "run_s": run_s, "devices": len(devices), "cached": cached}
+    return state, metrics, timing | {"episodes_per_s": num * max(args.dataset_sizes) / run_s}
 
 
 def sweep_stats(metrics, value) -> dict:
@@ -713,10 +713,9 @@ def sweep_stats(metrics, value) -> dict:
     (for "hcope", the lower bound, coverage is how often it holds)."""
     stats = {}
     for name in (*ESTIMATORS, "hcope"):
-        est = np.asarray(metrics[f"estimate/{name}"], dtype=np.float64)  # [datasets, sizes]
+        err = np.asarray(metrics[f"estimate/{name}"], np.float64) - value  # [datasets, sizes]
         low, high = np.asarray(metrics[f"ci_low/{name}"]), np.asarray(metrics[f"ci_high/{name}"])
-        stats[name] = {"bias": est.mean(0) - value, "variance": est.var(0),
-                       "mse": ((est - value) ** 2).mean(0),
+        stats[name] = {"bias": err.mean(0), "variance": err.var(0), "mse": (err**2).mean(0),
                        "coverage": ((low <= value) & (value <= high)).mean(0)}
     return stats
 
@@ -725,13 +724,15 @@ def sweep_stats(metrics, value) -> dict:
 class Progress:
     """Host side of the in-jit progress callback, once per finished dataset: a line every 10% of the
     sweep (silent until `start`, e.g. when make_train is called directly)."""
-    args = None
+    args, lock = None, threading.Lock()  # callbacks arrive on one thread per device
 
     def start(self, args: Args):
         self.args, self.wis, self.t_start = args, [], time.perf_counter()
 
     def __call__(self, wis):
-        if self.args is not None:
+        if self.args is None:
+            return
+        with self.lock:  # append, count and print as one: no line printed twice, none skipped
             self.wis.append(float(wis))
             done, total, n = len(self.wis), self.args.num_datasets, max(self.args.dataset_sizes)
             if done * 10 // total > (done - 1) * 10 // total:
@@ -788,19 +789,16 @@ def sweep_table(stats: dict, sizes) -> str:
 
 def plot_mse(stats: dict, sizes, path: str):
     """MSE against n on log-log axes, one line per estimator, with a 1/n guide."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    fig, ax = plt.subplots(figsize=(6, 4.5))
+    from matplotlib.figure import Figure  # no pyplot: no GUI backend, no global figure to close
+    fig = Figure(figsize=(6, 4.5), layout="tight")
+    ax = fig.subplots()
     for name in ESTIMATORS:
         ax.plot(sizes, stats[name]["mse"], marker="o", label=name.upper())
     ax.plot(sizes, [stats["ois"]["mse"][0] * sizes[0] / n for n in sizes], "k:", label="1/n")
     ax.set(xscale="log", yscale="log", xlabel="episodes n", ylabel="MSE against the exact V^pi",
            title="Off-policy estimators on the GridWorld")
     ax.legend()
-    fig.tight_layout()
     fig.savefig(path, dpi=120)
-    plt.close(fig)
 
 
 def write_tensorboard(run_dir, args: Args, tables: dict, scalars=()):
@@ -811,8 +809,7 @@ def write_tensorboard(run_dir, args: Args, tables: dict, scalars=()):
     from tensorboard.plugins.text.summary_v2 import text_pb
     from tensorboard.summary.writer.event_file_writer import EventFileWriter
     writer = EventFileWriter(run_dir)
-    hyper = "|param|value|\n|-|-|\n" + "\n".join(
-        f"|{k}|{v}|" for k, v in dataclasses.asdict(args).items())
+    hyper = markdown_table(["param", "value"], dataclasses.asdict(args).items())
     for tag, table in {"hyperparameters": hyper, **tables}.items():
         writer.add_event(Event(wall_time=time.time(), step=0, summary=text_pb(tag, table)))
     for tag, value, step in scalars:
@@ -873,14 +870,15 @@ def main_gridworld(args: Args):
     sweep = sweep_table(stats, sizes) + (f"\n(HCOPE: the lower bound for delta = {args.delta}; "
                                          "bias: mean bound - V^pi; coverage: how often it holds)")
     print(f"\n{args.num_datasets} datasets for each n in {sizes}:\n{sweep}")
-    print(f"compile {timing['compile_s']:.1f} s  run {timing['run_s']:.1f} s  |  "
+    print(f"{timing['devices']} device(s)  compile {timing['compile_s']:.1f} s"
+          f"{' (cache)' if timing['cached'] else ''}  run {timing['run_s']:.1f} s  |  "
           f"{timing['episodes_per_s']:,.0f} logged episodes/s")
     if args.track:
         run_dir = run_dir_for(args, "GridWorld")
         scalars = [(f"ope/{name}/{stat}", v[j], n) for name, s in stats.items()
                    for stat, v in s.items() for j, n in enumerate(sizes)]
-        write_tensorboard(run_dir, args, {"results/estimates": table, "results/sweep": sweep},
-                          scalars)
+        tables = {"results/estimates": table, "results/sweep": sweep}
+        write_tensorboard(run_dir, args, tables, scalars)
         plot_mse(stats, sizes, os.path.join(run_dir, "mse_vs_n.png"))
         print(f"tensorboard and mse_vs_n.png in {run_dir}")
 
@@ -930,14 +928,15 @@ def main_target_model(args: Args, model: TargetModel):
 
 
 def main():
-    args = tyro.cli(Args, description=__doc__.split("\n\n")[0])
     try:
-        args = validate(args)
+        args = validate(tyro.cli(Args, description=__doc__.split("\n\n")[0]))
         data = load_dataset(args) if args.dataset else None
         model = load_target_model(args) if args.target_model else None
     except ArgError as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
+    compilation_cache.set_cache_dir(args.compile_cache_dir or None)
+    compilation_cache.reset_cache()
     if data is not None:
         main_dataset(args, data)
     elif model is not None:

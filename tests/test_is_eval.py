@@ -469,9 +469,13 @@ def test_gridworld_exact_values():
         assert abs(ret.mean() - value) < 4 * ret.std() / np.sqrt(len(ret)), (ret.mean(), value)
 
 
-# One sweep serves the statistics and the layout checks. Thresholds: what a correct implementation
-# reaches on this GridWorld with 400 datasets (MSE estimates of heavy-tailed IS have ~10% noise).
-SWEEP = dict(dataset_sizes=(100, 1000), num_datasets=400, sweep_bootstrap=200, track=False)
+# One sweep serves the statistics, the layout checks and (its compiled program, from the session's
+# compilation cache) the command line test. Thresholds: what a correct implementation reaches on
+# this GridWorld with 400 datasets (MSE estimates of heavy-tailed IS have ~10% noise).
+SWEEP = dict(dataset_sizes=(100, 1000), num_datasets=400, sweep_bootstrap=200, num_episodes=1000,
+             num_bootstrap=200, track=False)
+SWEEP_FLAGS = [x for k, v in SWEEP.items() if k != "track"
+               for x in (f"--{k.replace('_', '-')}", *(v if isinstance(v, tuple) else (v,)))]
 MSE_RATIO = (6.0, 16.0)  # MSE(n = 100) / MSE(n = 1000) for the unbiased OIS and PDIS: 10 in theory
 # 95% BCa coverage of every estimator at n = 1000: a bootstrap of heavy-tailed weights falls a few
 # points short of 95% (the issue's 93-97% is not reached everywhere); +-0.033 is 3 binomial sd.
@@ -502,22 +506,45 @@ def test_sweep_statistics(sweep):
 
 
 def test_seed_sweep_layout_and_determinism(sweep):
-    """Datasets 0-7 on one device (vmap alone) give the 2-device pmap answers to 1e-5; the same keys
-    give the same bits; another seed gives other datasets."""
+    """Dataset k alone (jit without vmap or pmap, compiled as main() compiles the table, here at
+    n = 1000 as the sweep's last size) gives the answers of the 2-device pmap x lax.map sweep to
+    1e-5, on either device; the same key gives the same bits; another seed another dataset."""
     args, metrics = sweep
     assert jax.local_device_count() == 2
     for k, v in metrics.items():
         assert v.shape[:2] == (args.num_datasets, len(args.dataset_sizes)), k
         assert v.ndim == 2 or k == "stats/ess_step", k
-    one_device = jax.jit(jax.vmap(is_eval.make_train(args)), compiler_options=is_eval.FAST_COMPILE)
-    keys = jax.random.split(jax.random.PRNGKey(args.seed), args.num_datasets)[:8]
-    first = jax.device_get(one_device(keys)[1])
-    for k, v in first.items():
-        np.testing.assert_allclose(v, metrics[k][:8], rtol=1e-5, atol=1e-6, err_msg=k)
-    again = jax.device_get(one_device(keys)[1])
+    one = dataclasses.replace(args, dataset_sizes=(args.num_episodes,), num_datasets=1)
+    alone = jax.jit(is_eval.make_train(one, args.num_bootstrap),
+                    compiler_options=is_eval.FAST_COMPILE)
+    assert (args.num_episodes, args.num_bootstrap) == (args.dataset_sizes[-1], args.sweep_bootstrap)
+    keys = jax.random.split(jax.random.PRNGKey(args.seed), args.num_datasets)
+    first = None
+    for d in (0, 1, 198, 200, 201, 399):  # 0-199 on the first device, 200-399 on the second
+        got = jax.device_get(alone(keys[d])[1])
+        for k, v in got.items():
+            np.testing.assert_allclose(v[0], metrics[k][d, -1], rtol=1e-5, atol=1e-6, err_msg=k)
+        first = first or got
+    again = jax.device_get(alone(keys[0])[1])
     assert all(np.array_equal(first[k], again[k]) for k in first)
-    other = jax.device_get(one_device(jax.random.split(jax.random.PRNGKey(args.seed + 1), 8))[1])
+    other = jax.device_get(alone(jax.random.split(jax.random.PRNGKey(args.seed + 1), 1)[0])[1])
     assert not np.allclose(first["estimate/wis"], other["estimate/wis"])
+
+
+def test_sweep_not_a_multiple_of_the_devices(monkeypatch):
+    """3 (or 5) datasets on 2 devices run on the largest device count dividing them, 1; 4 and 6 on
+    both; dataset k is the k-th split of PRNGKey(seed) in every layout (make_train stubbed: the
+    layout alone is under test here, the program's own in the test above)."""
+    def make_train(args, num_resamples=None):
+        return lambda key: (key, {"estimate/wis": jax.random.uniform(key, (2,))})
+
+    monkeypatch.setattr(is_eval, "make_train", make_train)
+    for num, devices in ((3, 1), (4, 2), (5, 1), (6, 2)):
+        args = is_eval.validate(is_eval.Args(num_datasets=num, track=False))
+        keys, metrics, timing = is_eval.run(args)
+        assert timing["devices"] == devices, (num, timing)
+        np.testing.assert_array_equal(keys, jax.random.split(jax.random.PRNGKey(args.seed), num))
+        assert metrics["estimate/wis"].shape == (num, 2)
 
 
 # ----------------------------------------------------------------------------- command line
@@ -535,30 +562,30 @@ def test_help_lists_every_flag_with_its_doc():
 
 
 def test_copied_file_runs_alone_and_writes_outputs(tmp_path):
-    """A copy of the file alone in an empty folder: the default experiment, small, with its table,
-    progress, tensorboard scalars (step = n) and plot."""
+    """A copy of the file alone in an empty folder: the default experiment, as small as the sweep
+    tests' (whose programs it finds in the session's compilation cache), with its table, progress,
+    tensorboard scalars (step = n) and plot."""
     folder = tmp_path / "alone"
     folder.mkdir()
     shutil.copy(is_eval.__file__, folder / "is_eval.py")
-    proc = run_script(folder / "is_eval.py", "--num-episodes", 300, "--dataset-sizes", 10, 50,
-                      "--num-datasets", 4, "--num-bootstrap", 200, "--sweep-bootstrap", 20,
-                      cwd=folder)
+    proc = run_script(folder / "is_eval.py", *SWEEP_FLAGS, cwd=folder)
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = proc.stdout
     assert "exact V^pi = 0.2472" in out
     table, ess = printed_table(out)
-    assert list(table) == ESTIMATOR_ROWS and 0 < ess <= 300, out
+    assert list(table) == ESTIMATOR_ROWS and 0 < ess <= 1000, out
     for est, low, high, error in table.values():
         assert low <= est <= high
         assert abs(est - error - 0.2472) < 2e-4
     bound = float(re.search(r"^V\^pi >= (\S+) with probability >= 0.95$", out, re.M).group(1))
     assert -0.99 <= bound < 0.2472  # the return range's low end, or above it
-    assert out.count("[is_eval] datasets") == 4  # a progress line every 10% of the datasets
+    assert out.count("[is_eval] datasets") == 10  # a progress line every 10% of the datasets
+    assert re.search(r"^2 device\(s\)  compile", out, re.M), out
     (run_dir,) = (folder / "runs").iterdir()
     assert run_dir.name.startswith("GridWorld__is_eval__1__")
     assert (run_dir / "mse_vs_n.png").stat().st_size > 10_000
     for name in (*is_eval.ESTIMATORS, "hcope"):
-        assert [step for step, _ in read_scalars(run_dir, f"ope/{name}/coverage")] == [10, 50]
+        assert [step for step, _ in read_scalars(run_dir, f"ope/{name}/coverage")] == [100, 1000]
 
 
 def write_npz(path, episodes, tlp, **extra):
@@ -637,7 +664,7 @@ def test_bad_dataset_is_one_line_exit_2(tmp_path):
     (["--gamma", "-0.1"], "--gamma"),
     (["--num-episodes", "0"], "--num-episodes"),
     (["--dataset-sizes", "0", "10"], "--dataset-sizes"),
-    (["--num-datasets", "3"], "--num-datasets"),
+    (["--num-datasets", "0"], "--num-datasets"),
     (["--num-bootstrap", "1"], "--num-bootstrap"),
     (["--horizon", "0"], "--horizon"),
     (["--epsilon", "1.5"], "--epsilon"),
