@@ -14,7 +14,14 @@ import numpy as np
 import pytest
 
 import ppo
-from conftest import assert_learns, assert_usage_error, read_scalars, run_script
+from conftest import (
+    assert_learns,
+    assert_truncation_bootstraps_from_final_observation,
+    assert_usage_error,
+    read_scalars,
+    record_gae_inputs_with_short_episodes,
+    run_script,
+)
 
 # One table: what a correct PPO reaches, the env-step budget it gets (default flags fill the rest),
 # on how many seeds. "final" = mean episode_return over the last 5% of updates; "rise" = how far
@@ -66,47 +73,6 @@ def test_gae_matches_plain_loop():
                                          gamma, lam)
     np.testing.assert_allclose(adv, ref_adv, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(targets, ref_targets, rtol=1e-5, atol=1e-5)
-
-
-def record_gae_inputs_with_short_episodes(module, monkeypatch, episode_steps=5):
-    """Patch `module` so that its envs truncate every episode after `episode_steps` steps
-    (gymnax.make) and every update reports what it passes to compute_gae; returns the list that
-    the runs then fill, one entry per run and update: float64 numpy arrays [T, N] (rewards,
-    values, next_values, terminated, truncated). In 5 steps from its start state CartPole-v1
-    cannot terminate, so every episode end is a truncation whose final observation differs from
-    the reset one."""
-    make, gae, calls = module.gymnax.make, module.compute_gae, []
-
-    def short_make(env_id, **kwargs):
-        env, env_params = make(env_id, **kwargs)
-        return env, env_params.replace(max_steps_in_episode=episode_steps)
-
-    def recording_gae(*inputs):  # make_train looks compute_gae up when it traces the update
-        jax.debug.callback(lambda *xs: calls.append([np.asarray(x, np.float64) for x in xs]),
-                           *inputs[:5])
-        return gae(*inputs)
-
-    monkeypatch.setattr(module.gymnax, "make", short_make)
-    monkeypatch.setattr(module, "compute_gae", recording_gae)
-    return calls
-
-
-def assert_truncation_bootstraps_from_final_observation(calls):
-    """next_values[t] must be V of the observation step t led to BEFORE the auto-reset. On an
-    ordinary step that is the next step's observation (next_values[t] == values[t + 1]); on a
-    truncated step it is the final observation, not the reset one the next step starts from.
-    (Bootstrapping from info["final_observation"] replaced by the post-reset observation would
-    make every truncated step equal too.)"""
-    for rewards, values, next_values, terminated, truncated in calls:
-        follows, reset_value = next_values[:-1], values[1:]
-        cut = (truncated[:-1] > 0) & (terminated[:-1] == 0)
-        ordinary = (truncated[:-1] == 0) & (terminated[:-1] == 0)
-        assert cut.sum() >= 8 and ordinary.sum() >= 24, (cut.sum(), ordinary.sum())
-        np.testing.assert_allclose(follows[ordinary], reset_value[ordinary], rtol=1e-6, atol=1e-6)
-        # Measured on these steps: |V(final) - V(reset)| 0.12 to 0.48 (ppo and vpg); 0 with the
-        # post-reset observation in place of the final one (checked on a copy of each file).
-        gap = np.abs(follows[cut] - reset_value[cut])
-        assert np.all(gap > 1e-3), gap
 
 
 class PerSampleGaussian:

@@ -13,10 +13,13 @@ import numpy as np
 import pytest
 
 import vpg
-from conftest import assert_learns, assert_usage_error, read_scalars, run_script
-from test_ppo import (
+from conftest import (
+    assert_learns,
     assert_truncation_bootstraps_from_final_observation,
+    assert_usage_error,
+    read_scalars,
     record_gae_inputs_with_short_episodes,
+    run_script,
 )
 
 # Uniform random actions score -1229 per Pendulum-v1 episode (4096 episodes, sem 4.5). A correct
