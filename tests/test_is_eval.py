@@ -387,7 +387,8 @@ def test_cross_fitting_and_fold_resampling():
     whole = cross_fit(episodes, problem.target, args.gamma, 1)[0][0]
     np.testing.assert_allclose(whole, fit(episodes, problem.target, args.gamma, np.ones(51, bool)),
                                atol=1e-6)
-    counts = np.asarray(is_eval.resample_counts(jax.random.PRNGKey(0), 51, 40, 2))
+    resample_counts = jax.jit(is_eval.resample_counts, static_argnums=(1, 2, 3))
+    counts = np.asarray(resample_counts(jax.random.PRNGKey(0), 51, 40, 2))
     assert (counts[:, fold == 0].sum(1) == 26).all() and (counts[:, fold == 1].sum(1) == 25).all()
 
 
@@ -410,17 +411,18 @@ def numpy_lower_bound(w, ret, low, high, delta, holdout):
 
 def test_lower_bound_matches_numpy():
     rng = np.random.default_rng(15)
+    episode_rows, lower_bound = jax.jit(is_eval.episode_rows), jax.jit(is_eval.lower_bound)
     for n, spread in ((400, 0.3), (2000, 0.8)):
         episodes, tlp, _, _ = random_data(rng, n, 6, spread=spread)
         episodes = episodes._replace(rewards=rng.uniform(0, 1, (n, 6)).astype(np.float32))
-        rows = is_eval.episode_rows(episodes, tlp, 0.9)
+        rows = episode_rows(episodes, tlp, 0.9)
         m = episodes.mask
         w = np.exp(np.cumsum(np.where(m, tlp - episodes.behaviour_log_prob, 0.0), 1))[:, -1]
         ret = (np.where(m, episodes.rewards, 0.0) * 0.9 ** np.arange(6)).sum(1)
         high = (0.9 ** np.arange(6)).sum()
         for delta in (0.05, 0.5):
             want = numpy_lower_bound(w, ret, 0.0, high, delta, is_eval.HOLDOUT)
-            got = float(is_eval.lower_bound(rows, 0.0, high, delta))
+            got = float(lower_bound(rows, 0.0, high, delta))
             assert abs(got - want) < 1e-4 * high and want > 0.05, (n, delta, got, want)
 
 
