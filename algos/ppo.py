@@ -285,20 +285,18 @@ def compute_gae(rewards, values, next_values, terminated, truncated, gamma, gae_
     bootstraps from its true final observation; a terminated step does not bootstrap; the
     advantage recursion stops at either."""
     deltas = rewards + gamma * (1.0 - terminated) * next_values - values
-    carry_mask = gamma * gae_lambda * (1.0 - jnp.maximum(terminated, truncated))
+    masks = gamma * gae_lambda * (1.0 - jnp.maximum(terminated, truncated))
 
     def step(adv_next, x):
         delta, mask = x
         adv = delta + mask * adv_next
         return adv, adv
 
-    _, advantages = jax.lax.scan(step, jnp.zeros_like(deltas[0]), (deltas, carry_mask),
-                                 reverse=True)
+    _, advantages = jax.lax.scan(step, jnp.zeros_like(deltas[0]), (deltas, masks), reverse=True)
     return advantages, advantages + values
 
 
-def loss_fn(params, network, hp, clip_vloss: bool, batch: Transition, advantages, targets,
-            old_values):
+def loss_fn(params, network, hp, clip_vloss, batch: Transition, advantages, targets, old_values):
     """PPO's loss on one minibatch and its statistics; hp holds clip_coef, vf_coef, ent_coef."""
     dist, values = network.apply(params, batch.obs)
     log_prob = dist.log_prob(batch.action)
@@ -432,6 +430,8 @@ def make_train(args: Args):
 
 
 # ============================================================================ 5. seed sweep
+# LLVM at -O1: ~60% of the default compile time, as fast a program (measured; same returns).
+COMPILER_OPTIONS = {"xla_backend_optimization_level": 1}
 CACHE_HITS = []  # of the persistent cache: counted around a compile, to say where it came from
 jax.monitoring.register_event_listener(lambda e, **_: e.endswith("hits") and CACHE_HITS.append(e))
 
@@ -455,7 +455,7 @@ def run(args: Args, num_devices: Optional[int] = None):
     t0 = time.perf_counter()
     lowered = jax.pmap(jax.vmap(make_train(args)), devices=devices).lower(keys, hp)
     hits = len(CACHE_HITS)  # a hit from here on is the training program's
-    compiled = lowered.compile()
+    compiled = lowered.compile(COMPILER_OPTIONS)
     compile_s, cached = time.perf_counter() - t0, len(CACHE_HITS) > hits
     PROGRESS.start(args, runs)
     state, metrics = jax.block_until_ready(compiled(keys, hp))

@@ -13,6 +13,8 @@ import q_learning as ql
 import vpg
 from conftest import run_script
 
+# vpg.py sets up devices and the cache with the very lines of ppo.py (`diff` shows it): the
+# subprocess checks run on ppo.py and q_learning.py, whose set-up differs.
 TINY = {  # script -> flags of a run that compiles and trains in a few seconds
     "ppo.py": ["--num-envs", 4, "--num-steps", 16, "--num-minibatches", 2,
                "--total-timesteps", 4 * 16 * 2],
@@ -22,7 +24,7 @@ TINY = {  # script -> flags of a run that compiles and trains in a few seconds
 }
 
 
-@pytest.mark.parametrize("script", sorted(TINY))
+@pytest.mark.parametrize("script", ["ppo.py", "q_learning.py"])
 def test_one_device_per_core_and_cache_on_rerun(script, tmp_path):
     """Without XLA_FLAGS, a sweep of os.cpu_count() seeds runs on that many devices; the second
     run of the same command compiles from the cache directory the first one filled. (JAX skips
@@ -36,11 +38,12 @@ def test_one_device_per_core_and_cache_on_rerun(script, tmp_path):
     for proc in (first, second):
         assert proc.returncode == 0, proc.stderr[-3000:]
         assert f" {cores} device(s)" in proc.stdout, proc.stdout
+        assert "final return per seed (last 5% of updates): " in proc.stdout  # one configuration
     assert "(cache)" not in first.stdout and any((tmp_path / "cache").iterdir())
     assert re.search(r"compile [\d.]+ s \(cache\)", second.stdout), second.stdout
 
 
-@pytest.mark.parametrize("module", [ppo, vpg, ql], ids=lambda m: m.__name__)
+@pytest.mark.parametrize("module", [ppo, ql], ids=lambda m: m.__name__)
 def test_seeds_not_divisible_by_devices_use_fewer(module):
     """3 seeds on 2 devices run on 1 device (the largest count dividing 3) instead of failing."""
     flags = dict(zip(*[iter(TINY[os.path.basename(module.__file__)])] * 2))

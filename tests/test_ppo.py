@@ -288,19 +288,22 @@ TINY = dict(env_id="CartPole-v1", num_envs=8, num_steps=32, num_minibatches=4,
 
 
 def test_seed_sweep_layout_and_determinism():
-    args = ppo.validate(ppo.Args(num_seeds=4, **TINY))
-    _, one_device, _ = ppo.run(args, num_devices=1)
-    _, two_devices, _ = ppo.run(args, num_devices=2)
+    """2 configurations x 2 seeds (a hyperparameter sweep lays its runs out as seeds are) on 1
+    and on 2 devices, and rerun on 2."""
+    args = ppo.validate(ppo.Args(num_seeds=2, learning_rate=(2.5e-3, 1e-3), **TINY))
+    _, one_device, t1 = ppo.run(args, num_devices=1)
+    _, two_devices, t2 = ppo.run(args, num_devices=2)
     _, again, _ = ppo.run(args, num_devices=2)
+    assert (t1["devices"], t2["devices"]) == (1, 2)
     for key in one_device:
-        assert one_device[key].shape == (4, 12), key
+        assert one_device[key].shape == (2, 2, 12), key
         # Another layout may round differently by an ulp: the first update agrees to 1e-5.
-        np.testing.assert_allclose(one_device[key][:, 0], two_devices[key][:, 0], rtol=1e-5,
+        np.testing.assert_allclose(one_device[key][..., 0], two_devices[key][..., 0], rtol=1e-5,
                                    atol=1e-7, err_msg=key)
         np.testing.assert_array_equal(two_devices[key], again[key], err_msg=key)
-    # Seeds are independent experiments: no two seeds of the sweep see the same losses.
+    # Seeds are independent experiments: no two runs of the sweep see the same losses.
     losses = np.asarray(two_devices["loss/value"])
-    assert len({float(x) for x in losses[:, 0]}) == 4
+    assert len({float(x) for x in losses[..., 0].ravel()}) == 4
 
 
 def test_help_lists_every_flag_with_its_doc():
@@ -319,32 +322,44 @@ TINY_FLAGS = ["--num-envs", 8, "--num-steps", 64, "--num-minibatches", 4,
               "--total-timesteps", 8 * 64 * 10, "--num-seeds", 2]
 
 
-def test_cli_run_writes_events_and_model(tmp_path):
-    proc = run_script("ppo.py", *TINY_FLAGS, "--save-model", "--log-dir", tmp_path / "runs")
+def test_cli_sweep_writes_events_and_models(tmp_path):
+    """A 2-configuration sweep from the command line: one run directory per configuration, its
+    values in the name and in the hyperparameter text, seed_k below it, a model each; progress
+    every 10% of updates; one summary row per configuration."""
+    proc = run_script("ppo.py", *TINY_FLAGS, "--ent-coef", 0, 0.01, "--save-model",
+                      "--log-dir", tmp_path / "runs")
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "final return per seed" in proc.stdout
-    assert proc.stdout.count("[ppo] steps") == 10  # a progress line every 10% of updates
-    (run_dir,) = (tmp_path / "runs").iterdir()
-    assert run_dir.name.startswith("CartPole-v1__ppo__1__")
-    for k in range(2):
-        points = read_scalars(run_dir / f"seed_{k}", "charts/episodic_return")
-        steps = [s for s, _ in points]
-        assert len(steps) >= 5 and steps == sorted(steps) and len(set(steps)) == len(steps)
-        assert read_scalars(run_dir / f"seed_{k}", "losses/value")
-    payload = flax.serialization.msgpack_restore((run_dir / "model.msgpack").read_bytes())
-    params = payload["params"]
-    network = ppo.ActorCritic(action_dim=2, continuous=False, hidden_size=64)
-    first_seed = jax.tree.map(lambda x: x[0], params)
-    dist, value = network.apply(first_seed, jnp.zeros((3, 4)))
-    assert dist.logits.shape == (3, 2) and value.shape == (3,)
-    assert jax.tree.leaves(params)[0].shape[0] == 2
+    assert "2 configurations x 2 seeds" in proc.stdout and "(mean of" in proc.stdout
+    assert proc.stdout.count("[ppo] steps") == 10
+    run_dirs = sorted((tmp_path / "runs").iterdir())
+    assert [d.name.split("__")[-1] for d in run_dirs] == ["ent_coef=0", "ent_coef=0.01"]
+    for run_dir in run_dirs:
+        assert run_dir.name.startswith("CartPole-v1__ppo__1__")
+        for k in range(2):
+            points = read_scalars(run_dir / f"seed_{k}", "charts/episodic_return")
+            steps = [s for s, _ in points]
+            assert len(steps) >= 5 and steps == sorted(steps) and len(set(steps)) == len(steps)
+            assert read_scalars(run_dir / f"seed_{k}", "losses/value")
+        payload = flax.serialization.msgpack_restore((run_dir / "model.msgpack").read_bytes())
+        params = payload["params"]
+        network = ppo.ActorCritic(action_dim=2, continuous=False, hidden_size=64)
+        dist, value = network.apply(jax.tree.map(lambda x: x[0], params), jnp.zeros((3, 4)))
+        assert dist.logits.shape == (3, 2) and value.shape == (3,)
+        assert jax.tree.leaves(params)[0].shape[0] == 2
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    acc = EventAccumulator(str(run_dirs[1] / "seed_0"), size_guidance={"tensors": 0})
+    acc.Reload()
+    text = acc.Tensors("hyperparameters")[0].tensor_proto.string_val[0].decode()
+    assert "|ent_coef|(0.01,)|" in text
 
 
 def test_copied_file_runs_alone(tmp_path):
     shutil.copy(ppo.__file__, tmp_path / "ppo.py")
-    proc = run_script(tmp_path / "ppo.py", *TINY_FLAGS, "--no-track", cwd=tmp_path)
+    # The CLI test's flags: its compiled program comes from the session's cache.
+    proc = run_script(tmp_path / "ppo.py", *TINY_FLAGS, "--ent-coef", 0, 0.01, "--no-track",
+                      cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "final return per seed" in proc.stdout
+    assert "2 configurations x 2 seeds" in proc.stdout
 
 
 @pytest.mark.parametrize("flags, flag", [

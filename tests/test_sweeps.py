@@ -7,7 +7,7 @@ import pytest
 
 import ppo
 import vpg
-from conftest import assert_usage_error, read_scalars, run_script
+from conftest import assert_usage_error
 
 TINY = dict(env_id="CartPole-v1", num_envs=4, num_steps=16, num_minibatches=2,
             total_timesteps=4 * 16 * 3, num_seeds=2, track=False)
@@ -36,18 +36,6 @@ def test_sweep_configuration_equals_its_single_run(module):
     assert len(set(losses.tolist())) == 4, losses
 
 
-def test_sweep_layout_one_and_two_devices():
-    args = ppo.validate(ppo.Args(**TINY, learning_rate=(1e-3, 5e-3)))
-    _, one_device, t1 = ppo.run(args, num_devices=1)
-    _, two_devices, t2 = ppo.run(args, num_devices=2)
-    _, again, _ = ppo.run(args, num_devices=2)
-    assert (t1["devices"], t2["devices"]) == (1, 2)
-    for key in one_device:
-        np.testing.assert_allclose(one_device[key][..., 0], two_devices[key][..., 0], rtol=1e-5,
-                                   atol=1e-6, err_msg=key)
-        np.testing.assert_array_equal(two_devices[key], again[key], err_msg=key)
-
-
 def test_summary_rows_best_first():
     args = ppo.validate(ppo.Args(**TINY, learning_rate=(1e-3, 2e-3, 3e-3), ent_coef=(0.0, 0.01)))
     finals = np.array([[10.0, 12.0], [50.0, 52.0], [30.0, 30.0],
@@ -72,23 +60,3 @@ def test_summary_rows_best_first():
 ])
 def test_one_value_flags_refused_before_compiling(script, flags, flag, tmp_path):
     assert_usage_error(script, flags, flag, tmp_path)
-
-
-def test_cli_sweep_run_directories(tmp_path):
-    """One run directory per configuration, its values in the name and in the hyperparameter
-    text, seed_k below it; the summary has one row per configuration."""
-    proc = run_script("ppo.py", "--num-envs", 4, "--num-steps", 16, "--num-minibatches", 2,
-                      "--total-timesteps", 4 * 16 * 10, "--num-seeds", 2,
-                      "--ent-coef", 0, 0.01, "--save-model", "--log-dir", tmp_path / "runs")
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "2 configurations x 2 seeds" in proc.stdout and "(mean of" in proc.stdout
-    dirs = sorted((tmp_path / "runs").iterdir())
-    assert [d.name.split("__")[-1] for d in dirs] == ["ent_coef=0", "ent_coef=0.01"]
-    for d in dirs:
-        assert read_scalars(d / "seed_1", "charts/episodic_return")
-        assert (d / "model.msgpack").exists()
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-    acc = EventAccumulator(str(dirs[1] / "seed_0"), size_guidance={"tensors": 0})
-    acc.Reload()
-    text = acc.Tensors("hyperparameters")[0].tensor_proto.string_val[0].decode()
-    assert "|ent_coef|(0.01,)|" in text
