@@ -120,9 +120,9 @@ ENV_IDS = ("GridWorld-v0", "FrozenLake-misc")
 MAX_CELLS = 1024
 # The float hyperparameters, which change no array shape nor loop length, and the rule of each:
 # several values sweep their grid, and train() takes them as traced values, not constants.
-UNIT = ("in [0, 1]", lambda x: 0 <= x <= 1)
-HPARAMS = dict(learning_rate=("in (0, 1]", lambda x: 0 < x <= 1), gamma=("in [0, 1)",
-               lambda x: 0 <= x < 1), start_e=UNIT, end_e=UNIT)
+UNIT, POSITIVE_UNIT = ("in [0, 1]", lambda x: 0 <= x <= 1), ("in (0, 1]", lambda x: 0 < x <= 1)
+HPARAMS = dict(learning_rate=POSITIVE_UNIT, gamma=("in [0, 1)", lambda x: 0 <= x < 1),
+               start_e=UNIT, end_e=UNIT)
 
 
 class ArgError(ValueError):
@@ -136,7 +136,7 @@ def grid(args: Args) -> list:
 
 
 def check_one_value_flags(argv):
-    """tyro would read `--num-envs 4 8` as an unknown option "8": name the flag instead."""
+    """tyro would read `--num-agents 4 8` as an unknown option "8": name the flag instead."""
     one_value = {"--" + f.name.replace("_", "-") for f in dataclasses.fields(Args)
                  if "tuple" not in str(f.type) and f.type is not bool}
     for i, flag in enumerate(argv):
@@ -155,7 +155,7 @@ def validate(args: Args) -> Args:
     if args.total_timesteps < args.num_steps:
         raise ArgError(f"--total-timesteps {args.total_timesteps} is less than one update "
                        f"(--num-steps {args.num_steps})")
-    rules = {**HPARAMS, "slip": UNIT, "exploration_fraction": HPARAMS["learning_rate"]}
+    rules = {**HPARAMS, "slip": UNIT, "exploration_fraction": POSITIVE_UNIT}
     for name, (rule, holds) in rules.items():
         for x in np.atleast_1d(getattr(args, name)):
             if not holds(x):
