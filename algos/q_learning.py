@@ -27,6 +27,7 @@ import dataclasses
 import itertools
 import json
 import os
+import socket
 import sys
 import tempfile
 import threading
@@ -34,7 +35,15 @@ import time
 from functools import partial
 from typing import Callable, NamedTuple, Optional
 
+import flax.serialization
 import jax
+import jax.numpy as jnp
+import numpy as np
+import tyro
+from jax.experimental import multihost_utils
+from jax.experimental.compilation_cache import compilation_cache
+from scipy.sparse.csgraph import breadth_first_order
+from scipy.stats import trim_mean
 
 # Process-wide XLA settings, read when JAX starts its backend (its first operation): made on
 # import, unless XLA_FLAGS or jax.config chose. One CPU device per core lets pmap use every core.
@@ -46,14 +55,6 @@ if ("xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""
 if "xla_backend_extra_options" not in os.environ.get("XLA_FLAGS", ""):
     os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_backend_extra_options="
                                "xla_cpu_small_while_loop_byte_threshold=100000").strip()
-
-import flax.serialization
-import jax.numpy as jnp
-import numpy as np
-import tyro
-from jax.experimental.compilation_cache import compilation_cache
-from scipy.sparse.csgraph import breadth_first_order
-from scipy.stats import trim_mean
 
 
 # ============================================================================ 1. arguments
@@ -78,6 +79,15 @@ class Args:
     compile_cache_dir: str = os.environ.get("JAX_COMPILATION_CACHE_DIR",
                                             os.path.expanduser("~/.cache/jax"))
     """persistent compilation cache, so a rerun skips most of the compile ("" turns it off)"""
+    distributed: bool = False
+    """one of several processes (jax.distributed): the runs are split over all their devices
+    (implied by the next three flags)"""
+    coordinator_address: Optional[str] = None
+    """--distributed: HOST:PORT of process 0 (default: detected, e.g. under SLURM or Open MPI)"""
+    num_processes: Optional[int] = None
+    """--distributed: how many processes take part (default: detected)"""
+    process_id: Optional[int] = None
+    """--distributed: this process's index, 0 to num_processes - 1 (default: detected)"""
 
     # GridWorld-v0 (FrozenLake-misc has its own map)
     grid_size: tuple[int, int] = (6, 6)
@@ -149,43 +159,44 @@ def validate(args: Args) -> Args:
     """Check every flag before anything is compiled."""
     if args.env_id not in ENV_IDS:
         raise ArgError(f"--env-id {args.env_id!r} is not one of {', '.join(ENV_IDS)}")
-    for name in ("num_seeds", "num_agents", "num_steps", "total_timesteps", "max_episode_steps"):
-        if getattr(args, name) < 1:
-            raise ArgError(f"--{name.replace('_', '-')} must be >= 1 (got {getattr(args, name)})")
-    if args.total_timesteps < args.num_steps:
-        raise ArgError(f"--total-timesteps {args.total_timesteps} is less than one update "
-                       f"(--num-steps {args.num_steps})")
-    rules = {**HPARAMS, "slip": UNIT, "exploration_fraction": POSITIVE_UNIT}
+    counts = ("num_seeds", "num_agents", "num_steps", "total_timesteps", "max_episode_steps")
+    rules = {**dict.fromkeys(counts, (">= 1", lambda x: x >= 1)), **HPARAMS, "slip": UNIT,
+             "exploration_fraction": POSITIVE_UNIT}
     for name, (rule, holds) in rules.items():
         for x in np.atleast_1d(getattr(args, name)):
             if not holds(x):
                 raise ArgError(f"--{name.replace('_', '-')} must be {rule} (got {x})")
+    if args.total_timesteps < args.num_steps:
+        raise ArgError(f"--total-timesteps {args.total_timesteps} is less than one update "
+                       f"(--num-steps {args.num_steps})")
+    runs, processes = len(grid(args)) * args.num_seeds, jax.process_count()
+    if runs % processes:
+        raise ArgError(f"{runs} runs (configurations x seeds) do not split over {processes} "
+                       "processes (--distributed)")
     if args.env_id == "FrozenLake-misc":
         return args
     rows, cols = args.grid_size
     if rows < 1 or cols < 1 or not 2 <= rows * cols <= MAX_CELLS:
         raise ArgError(f"--grid-size {rows} {cols} must have 2 to {MAX_CELLS} cells (the exact "
                        f"model P[s, a, s'] is a dense array)")
-    inside = lambda cell: 0 <= cell[0] < rows and 0 <= cell[1] < cols
     for flag, cell in [("--start", args.start), ("--goal", args.goal)] + [
             ("--walls cell", wall) for wall in args.walls]:
-        if not inside(cell):
+        if not (0 <= cell[0] < rows and 0 <= cell[1] < cols):
             raise ArgError(f"{flag} {cell[0]} {cell[1]} is outside the {rows}x{cols} grid")
         if flag != "--walls cell" and tuple(cell) in map(tuple, args.walls):
             raise ArgError(f"{flag} {cell[0]} {cell[1]} is a wall (see --walls)")
     if tuple(args.start) == tuple(args.goal):
         raise ArgError("--goal must differ from --start")
-    world = make_gridworld(args)
-    if not model_reachable(gridworld_model(world))[world.goal]:
+    model = gridworld_env(args).model
+    if not (model_reachable(model) & model.terminal).any():
         raise ArgError(f"--goal {args.goal[0]} {args.goal[1]} cannot be reached from --start "
                        f"{args.start[0]} {args.start[1]}: the walls cut every path")
     return args
 
 
 # ============================================================================ 2. environment
-# Both environments are tabular: a state is an integer index. Each exposes its exact model (P, R,
-# terminal mask) so that value iteration below can compute Q*; the training loop only uses the
-# batched `reset` and `step` of `TabularEnv`.
+# Both environments are tabular: a state is an integer index. Each exposes its exact model, from
+# which value iteration below computes Q*; training uses only the batched `reset` and `step`.
 
 class TabularModel(NamedTuple):
     """The exact MDP: P[s, a, s'] transition probabilities, R[s, a] expected reward, terminal[s]."""
@@ -203,18 +214,33 @@ class TabularEnv(NamedTuple):
     shape: tuple     # (rows, cols): how the states lie on a grid, for the heat map
 
 
+MOVES = ((-1, 0), (0, 1), (1, 0), (0, -1))  # GridWorld's actions 0..3: up, right, down, left
+LAKE_MOVES = ((0, -1), (1, 0), (0, 1), (-1, 0))  # FrozenLake's actions 0..3: left, down, right, up
+
+
+def tabular_model(next_cell, mix, reward, terminal, start: int) -> TabularModel:
+    """The MDP of a grid where the chosen action a makes move b with probability mix[a, b], move b
+    leads from s to next_cell[s, b], and arriving at s' pays reward[s']; terminal states end it."""
+    S = len(next_cell)
+    P = mix @ np.eye(S)[next_cell]  # [A, B] @ [S, B, S']: P[s, a, s']
+    P[terminal] = np.eye(S)[terminal][:, None, :]  # never used: episodes end there
+    return TabularModel(P, P @ reward * ~terminal[:, None], terminal, start)
+
+
+def grid_moves(rows: int, cols: int, moves, walls=()) -> np.ndarray:
+    """next_cell [S, A] of a grid: the cell that each (row, column) move leads to from each cell;
+    a move off the grid or into a wall stays put."""
+    r, c = np.divmod(np.arange(rows * cols), cols)
+    dr, dc = np.array(moves).T
+    cell = np.clip(r[:, None] + dr, 0, rows - 1) * cols + np.clip(c[:, None] + dc, 0, cols - 1)
+    return np.where(np.isin(cell, walls), np.arange(rows * cols)[:, None], cell).astype(np.int32)
+
+
 # ---------------------------------------------------------------- GridWorld, as pure functions
-MOVES = ((-1, 0), (0, 1), (1, 0), (0, -1))  # actions 0..3: up, right, down, left
-
-
 class GridWorld(NamedTuple):
-    """A GridWorld's layout; it is static (baked into the compiled program). Cells are indexed
-    row * cols + col; next_cell[s, a] is where move a leads from s (walls and edges block)."""
-    rows: int
-    cols: int
+    """A GridWorld, static (baked into the compiled program); cells are indexed row * cols + col."""
     start: int
     goal: int
-    walls: tuple
     slip: float
     max_steps: int
     next_cell: np.ndarray
@@ -226,61 +252,39 @@ class GridState(NamedTuple):
 
 
 def make_gridworld(args: Args) -> GridWorld:
-    rows, cols = args.grid_size
-    index = lambda cell: int(cell[0]) * cols + int(cell[1])
-    walls = tuple(sorted({index(w) for w in args.walls}))
-    next_cell = np.zeros((rows * cols, len(MOVES)), np.int32)
-    for s in range(rows * cols):
-        r, c = divmod(s, cols)
-        for a, (dr, dc) in enumerate(MOVES):
-            r2, c2 = r + dr, c + dc
-            blocked = not (0 <= r2 < rows and 0 <= c2 < cols) or r2 * cols + c2 in walls
-            next_cell[s, a] = s if blocked else r2 * cols + c2
-    return GridWorld(rows, cols, index(args.start), index(args.goal), walls, float(args.slip),
-                     int(args.max_episode_steps), next_cell)
-
-
-def gridworld_step(world: GridWorld, u, state: GridState, action):
-    """One step of one GridWorld, with automatic reset at the goal or the time limit.
-
-    `u` ~ U[0, 1) is the step's randomness: with probability `slip` (u < slip) the move goes in a
-    random direction instead, and given that, u / slip is uniform on [0, 1) and picks it.
-    Returns (obs, state, reward, terminated, truncated, final_obs); final_obs is the cell reached
-    before any reset, the s' of the Q-update."""
-    if world.slip > 0:
-        random_move = jnp.minimum((u / world.slip * len(MOVES)).astype(jnp.int32), len(MOVES) - 1)
-        action = jnp.where(u < world.slip, random_move, action)
-    cell = jnp.asarray(world.next_cell)[state.cell, action]
-    time = state.time + 1
-    terminated = cell == world.goal
-    truncated = time >= world.max_steps
-    done = terminated | truncated
-    next_state = GridState(jnp.where(done, world.start, cell), jnp.where(done, 0, time))
-    return next_state.cell, next_state, terminated.astype(jnp.float32), terminated, truncated, cell
-
-
-def gridworld_model(world: GridWorld) -> TabularModel:
-    S, A = world.next_cell.shape
-    moved = np.eye(S)[world.next_cell]  # [S, A, S]: where each move leads
-    P = (1.0 - world.slip) * moved + world.slip * moved.mean(axis=1, keepdims=True)
-    terminal = np.arange(S) == world.goal
-    P[terminal] = np.eye(S)[terminal][:, None, :]  # never used: episodes end there
-    return TabularModel(P, P[:, :, world.goal] * ~terminal[:, None], terminal, world.start)
+    index = lambda cell: int(np.ravel_multi_index(cell, args.grid_size))
+    walls = [index(w) for w in args.walls]
+    return GridWorld(index(args.start), index(args.goal), float(args.slip),
+                     int(args.max_episode_steps), grid_moves(*args.grid_size, MOVES, walls))
 
 
 def gridworld_env(args: Args) -> TabularEnv:
     world = make_gridworld(args)
+    terminal = np.arange(len(world.next_cell)) == world.goal  # and the goal alone pays 1
+    mix = (1.0 - world.slip) * np.eye(len(MOVES)) + world.slip / len(MOVES)  # or a random move
+    model = tabular_model(world.next_cell, mix, terminal.astype(float), terminal, world.start)
 
     def reset(key, n):
         state = GridState(jnp.full(n, world.start, jnp.int32), jnp.zeros(n, jnp.int32))
         return state.cell, state
 
     def step(key, state, action):
-        # One uniform per env and step, drawn for the whole batch at once (none without slip).
-        u = jax.random.uniform(key, action.shape) if world.slip > 0 else jnp.zeros(action.shape)
-        return jax.vmap(partial(gridworld_step, world))(u, state, action)
+        """One step of every GridWorld, reset at the goal or the time limit. With probability slip
+        (u < slip, one uniform u per env) the move goes in a random direction instead, and given
+        that, u / slip is uniform on [0, 1) and picks it."""
+        if world.slip > 0:
+            u = jax.random.uniform(key, action.shape)
+            random_move = (u / world.slip * len(MOVES)).astype(jnp.int32)
+            action = jnp.where(u < world.slip, jnp.minimum(random_move, len(MOVES) - 1), action)
+        cell = jnp.asarray(world.next_cell)[state.cell, action]  # final_obs, before any reset
+        time = state.time + 1
+        terminated = cell == world.goal
+        truncated = time >= world.max_steps
+        done = terminated | truncated
+        state = GridState(jnp.where(done, world.start, cell), jnp.where(done, 0, time))
+        return state.cell, state, terminated.astype(jnp.float32), terminated, truncated, cell
 
-    return TabularEnv(reset, step, gridworld_model(world), (world.rows, world.cols))
+    return TabularEnv(reset, step, model, tuple(args.grid_size))
 
 
 # ---------------------------------------------------------------- gymnax FrozenLake-misc
@@ -289,48 +293,27 @@ def frozen_lake_env(args: Args) -> TabularEnv:
 
     env, params = gymnax.make("FrozenLake-misc")
     params = params.replace(max_steps_in_episode=args.max_episode_steps)
-    to_index = lambda obs: jnp.asarray(obs, jnp.int32).reshape(-1)  # the observation is the cell
 
-    def reset(key, n):
-        obs, state = jax.vmap(env.reset, in_axes=(0, None))(jax.random.split(key, n), params)
-        return to_index(obs), state
+    def reset(key, n):  # the observation is the cell index
+        return jax.vmap(env.reset, in_axes=(0, None))(jax.random.split(key, n), params)
 
     def step(key, state, action):
         keys = jax.random.split(key, action.shape[0])
         obs, state, reward, terminated, truncated, info = jax.vmap(
             env.step, in_axes=(0, 0, 0, None))(keys, state, action, params)
-        return (to_index(obs), state, reward, terminated, truncated,
-                to_index(info["final_observation"]))
+        return obs, state, reward, terminated, truncated, info["final_observation"]
 
-    return TabularEnv(reset, step, frozen_lake_model(env), (env.nrow, env.ncol))
-
-
-def frozen_lake_model(env) -> TabularModel:
-    """FrozenLake's dynamics as gymnax implements them: the chosen direction with probability
-    success_rate, else one of the two perpendicular ones; holes and the goal end the episode."""
-    desc = np.asarray(env.desc)  # tiles: 0 start, 1 frozen, 2 hole, 3 goal
-    rows, cols = desc.shape
-    directions = ((0, -1), (1, 0), (0, 1), (-1, 0))  # actions 0..3: left, down, right, up
-    tile_reward = {3: 0, 2: 1}  # tile -> index into reward_schedule (goal, hole, else frozen)
-    schedule = np.asarray(env.reward_schedule, np.float64)
-    S, A = rows * cols, len(directions)
-    P, R = np.zeros((S, A, S)), np.zeros((S, A))
-    terminal = np.isin(desc.ravel(), (2, 3))
-    for s in range(S):
-        if terminal[s]:
-            P[s, :, s] = 1.0
-            continue
-        r, c = divmod(s, cols)
-        for a in range(A):
-            side = (1 - env.success_rate) / 2
-            outcomes = ([(a, env.success_rate), ((a - 1) % A, side), ((a + 1) % A, side)]
-                        if env.is_slippery else [(a, 1.0)])
-            for move, p in outcomes:
-                r2 = min(max(r + directions[move][0], 0), rows - 1)
-                c2 = min(max(c + directions[move][1], 0), cols - 1)
-                P[s, a, r2 * cols + c2] += p
-                R[s, a] += p * schedule[tile_reward.get(int(desc[r2, c2]), 2)]
-    return TabularModel(P, R, terminal, int(np.argmax(desc.ravel() == 0)))
+    # The exact model of gymnax's dynamics: the chosen direction with probability success_rate,
+    # else one of the two perpendicular ones; holes and the goal end the episode.
+    tiles = np.asarray(env.desc).ravel()  # 0 start, 1 frozen, 2 hole, 3 goal
+    sure = env.success_rate if env.is_slippery else 1.0
+    turns = np.roll(np.eye(4), 1, axis=1) + np.roll(np.eye(4), -1, axis=1)  # action a -> a -/+ 1
+    schedule = np.asarray(env.reward_schedule, np.float64)  # goal, hole, frozen (and start)
+    model = tabular_model(grid_moves(env.nrow, env.ncol, LAKE_MOVES),
+                          sure * np.eye(4) + (1 - sure) / 2 * turns,
+                          schedule[np.select([tiles == 3, tiles == 2], [0, 1], 2)],
+                          np.isin(tiles, (2, 3)), int(np.argmax(tiles == 0)))
+    return TabularEnv(reset, step, model, (env.nrow, env.ncol))
 
 
 def make_env(args: Args) -> TabularEnv:
@@ -349,16 +332,14 @@ def value_iteration(P, R, terminal, gamma, tol=1e-7, max_iters=100_000):
     """Q* of a tabular MDP: repeat Q <- R + gamma * P max_a' Q (terminal states worth 0) until no
     entry moves by more than `tol` (then |Q - Q*| <= gamma * tol / (1 - gamma))."""
     P, R = jnp.asarray(P, jnp.float32), jnp.asarray(R, jnp.float32)
-    terminal = jnp.asarray(terminal)
 
     def improve(carry):
         q, _, i = carry
         q_new = R + gamma * P @ jnp.where(terminal, 0.0, q.max(-1))
         return q_new, jnp.abs(q_new - q).max(), i + 1
 
-    q, _, _ = jax.lax.while_loop(lambda c: (c[1] > tol) & (c[2] < max_iters), improve,
-                                 (jnp.zeros_like(R), jnp.float32(jnp.inf), 0))
-    return q
+    return jax.lax.while_loop(lambda c: (c[1] > tol) & (c[2] < max_iters), improve,
+                              (jnp.zeros_like(R), jnp.float32(jnp.inf), 0))[0]
 
 
 # ============================================================================ 3. Q-table and policy
@@ -390,13 +371,6 @@ def q_update(q, s, a, reward, terminated, s_next, learning_rate, gamma):
     return q.at[s, a].add(learning_rate * td_error), td_error
 
 
-def greedy_optimal(q, optimal, scored):
-    """Fraction of the `scored` states where every greedy action of q [S, A] is in `optimal`."""
-    greedy = q == q.max(-1, keepdims=True)
-    correct = ~(greedy & ~optimal).any(-1)
-    return (correct & scored).sum() / scored.sum()
-
-
 # ============================================================================ 4. training
 class Agents(NamedTuple):
     """The N agents of one seed: every leaf has a leading [N] axis."""
@@ -410,14 +384,11 @@ class Agents(NamedTuple):
 
 class RunnerState(NamedTuple):
     agents: Agents
-    t: jax.Array               # steps taken per agent (drives the schedules)
     key: jax.Array
-    hp: dict                   # this run's HPARAMS values (traced)
     q_star: jax.Array          # [S, A] by value iteration with this run's gamma
 
 
-# Q* is computed in float32: actions within this of the best count as optimal.
-OPTIMAL_TOL = 1e-5
+OPTIMAL_TOL = 1e-5  # Q* is in float32: actions within this of the best count as optimal
 # Agents are independent, so an update steps them block by block, and a block's tables stay in
 # the core's cache through all of its steps (65536 agents: about 1.5x faster than all at once).
 BLOCK_BYTES = 512 * 1024
@@ -442,8 +413,7 @@ def make_train(args: Args):
     num_updates = args.total_timesteps // args.num_steps
     progress_every = max(1, num_updates // 10)
     num_blocks = N // block_size(N, num_states * num_actions * 5)  # float32 q + bool visited
-    scored = jnp.asarray(model_reachable(model) & ~model.terminal)   # where greedy_optimal looks
-    exploration_steps = args.exploration_fraction * args.total_timesteps
+    scored = jnp.asarray(model_reachable(model) & ~model.terminal)  # where greedy_optimal looks
 
     # The per-agent functions of section 3, vmapped over the agents (schedules are shared).
     read_rows = jax.vmap(lambda q, s: q[s])
@@ -457,7 +427,7 @@ def make_train(args: Args):
         key, k_act, k_env = jax.random.split(key, 3)
         t = t.astype(jnp.float32)
         epsilon = hp["start_e"] + (hp["end_e"] - hp["start_e"]) * jnp.minimum(
-            t / exploration_steps, 1)
+            t / (args.exploration_fraction * args.total_timesteps), 1)
         lr = hp["learning_rate"] * (1 - t / args.total_timesteps if args.anneal_lr else 1)
         u = jax.random.uniform(k_act, agents.obs.shape)
         action = policy(read_rows(agents.q, agents.obs), epsilon, u)
@@ -477,7 +447,7 @@ def make_train(args: Args):
         return (agents, totals, key), None
 
     def run_block(hp, t0, block):
-        """All the steps of an update for one block of agents."""
+        """All the steps of an update for one block of agents, from step t0 (of each agent)."""
         agents, key = block
         n = agents.obs.shape[0]
         totals = (jnp.zeros(n, jnp.int32), jnp.zeros(n), jnp.zeros(n, jnp.int32), jnp.zeros(n))
@@ -485,31 +455,30 @@ def make_train(args: Args):
                                               t0 + jnp.arange(args.num_steps))
         return t0, (agents, totals)
 
-    def update_step(runner: RunnerState, update_idx):
+    def update_step(hp, runner: RunnerState, update_idx):
         key, *block_keys = jax.random.split(runner.key, num_blocks + 1)
         blocks = jax.tree.map(lambda x: x.reshape(num_blocks, N // num_blocks, *x.shape[1:]),
                               runner.agents)
-        _, (blocks, totals) = jax.lax.scan(partial(run_block, runner.hp), runner.t,
+        _, (blocks, totals) = jax.lax.scan(partial(run_block, hp), update_idx * args.num_steps,
                                            (blocks, jnp.stack(block_keys)))
         agents = jax.tree.map(lambda x: x.reshape(N, *x.shape[2:]), blocks)
-        runner = runner._replace(agents=agents, t=runner.t + args.num_steps, key=key)
-        q_star = runner.q_star
-        optimal = q_star >= q_star.max(-1, keepdims=True) - OPTIMAL_TOL  # [S, A] optimal actions
+        runner = runner._replace(agents=agents, key=key)
+        optimal = runner.q_star >= runner.q_star.max(-1, keepdims=True) - OPTIMAL_TOL  # [S, A]
         count, return_sum, length_sum, td_sum = (x.sum() for x in totals)
-        visited_error = jnp.where(agents.visited, jnp.abs(agents.q - q_star), 0.0)
+        visited_error = jnp.where(agents.visited, jnp.abs(agents.q - runner.q_star), 0.0)
+        greedy = agents.q == agents.q.max(-1, keepdims=True)  # [N, S, A]
+        correct = ~(greedy & ~optimal).any(-1) & scored  # [N, S]: every greedy action is optimal
         metrics = {  # env_steps in float32: all agents' steps overflow int32 past 2^31
             "env_steps": (update_idx + 1).astype(jnp.float32) * (args.num_steps * N),
             "episode_return": jnp.where(count > 0, return_sum / count, jnp.nan),
             "episode_length": jnp.where(count > 0, length_sum / count, jnp.nan),
             "stats/td_error": td_sum / (args.num_steps * N),
             "stats/q_error": visited_error.max(axis=(1, 2)).mean(),
-            "stats/greedy_optimal": jax.vmap(greedy_optimal, (0, None, None))(
-                agents.q, optimal, scored).mean(),
+            "stats/greedy_optimal": (correct.sum(-1) / scored.sum()).mean(),
         }
         # update_idx is not batched under vmap, so this cond is a real branch, not a select.
         jax.lax.cond((update_idx + 1) % progress_every == 0,
-                     lambda: jax.debug.callback(PROGRESS, metrics),
-                     lambda: None)
+                     lambda: jax.debug.callback(PROGRESS, metrics), lambda: None)
         return runner, metrics
 
     def train(key, hp):
@@ -519,20 +488,48 @@ def make_train(args: Args):
                         jnp.zeros((N, num_states, num_actions), bool), env_state, obs,
                         jnp.zeros(N), jnp.zeros(N, jnp.int32))
         q_star = value_iteration(model.P, model.R, model.terminal, hp["gamma"])
-        return jax.lax.scan(update_step, RunnerState(agents, jnp.int32(0), k_run, hp, q_star),
+        return jax.lax.scan(partial(update_step, hp), RunnerState(agents, k_run, q_star),
                             jnp.arange(num_updates))
 
     return train
 
 
 # ============================================================================ 5. seed sweep
-# XLA:CPU hands the small reductions of the step (max over 4 actions of [agents, 4]) to its YNNPACK
-# library; for this loop XLA's own code is faster (1.5-2x for the whole run on 2 cores).
+# XLA:CPU hands the small reductions of the step (max over 4 actions of [agents, 4]) to YNNPACK;
+# for this loop XLA's own code is faster (1.5-2x for the whole run on 2 cores). GPUs ignore it.
 COMPILER_OPTIONS = {"xla_cpu_experimental_ynn_fusion_type": ""}
 
 
 CACHE_HITS = []  # of the persistent cache: counted around a compile, to say where it came from
 jax.monitoring.register_event_listener(lambda e, **_: e.endswith("hits") and CACHE_HITS.append(e))
+
+
+JOIN_TIMEOUT_S = 60  # --distributed: a process that has not joined the others by then fails
+
+
+def start_processes(args: Args):
+    """--distributed (implied by its three flags): join the other processes with jax.distributed
+    before anything starts JAX's backend. Without an address JAX detects the cluster."""
+    if not (args.distributed or args.coordinator_address or args.num_processes
+            or args.process_id is not None):
+        return
+    host, _, port = (args.coordinator_address or "").rpartition(":")
+    deadline = time.time() + JOIN_TIMEOUT_S
+    while args.process_id:  # not process 0: wait until it answers, rather than abort later
+        try:
+            socket.create_connection((host, int(port)), timeout=1).close()
+            break
+        except OSError:
+            if time.time() > deadline:
+                raise ArgError(f"--coordinator-address {args.coordinator_address}: nothing "
+                               f"answered within {JOIN_TIMEOUT_S} s") from None
+            time.sleep(1)
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")  # collectives on CPU
+    try:
+        jax.distributed.initialize(args.coordinator_address, args.num_processes, args.process_id,
+                                   initialization_timeout=JOIN_TIMEOUT_S)
+    except ValueError as e:  # JAX's own checks: no address or count given or found, id range
+        raise ArgError(f"--distributed: {e}") from None
 
 
 def run(args: Args, num_devices: Optional[int] = None):
@@ -544,26 +541,30 @@ def run(args: Args, num_devices: Optional[int] = None):
     [num_configs, num_seeds] for a sweep of several configurations."""
     configs, seeds = grid(args), args.num_seeds
     runs = len(configs) * seeds
+    share = runs // jax.process_count()  # this process's runs (all of them without --distributed)
+    mine = slice(jax.process_index() * share, (jax.process_index() + 1) * share)
     limit = num_devices or jax.local_device_count()
-    devices = jax.local_devices()[: max(d for d in range(1, limit + 1) if runs % d == 0)]
+    devices = jax.local_devices()[: max(d for d in range(1, limit + 1) if share % d == 0)]
     keys = jnp.tile(jax.random.split(jax.random.PRNGKey(args.seed), seeds), (len(configs), 1))
     hp = {k: jnp.repeat(jnp.array([c[k] for c in configs], jnp.float32), seeds) for k in HPARAMS}
-    layout = lambda x: x.reshape(len(devices), runs // len(devices), *x.shape[1:])
+    layout = lambda x: x[mine].reshape(len(devices), share // len(devices), *x.shape[1:])
     keys, hp = jax.tree.map(layout, (keys, hp))
     t0 = time.perf_counter()
-    options = COMPILER_OPTIONS if devices[0].platform == "cpu" else None
     lowered = jax.pmap(jax.vmap(make_train(args)), devices=devices).lower(keys, hp)
     hits = len(CACHE_HITS)  # a hit from here on is the training program's
-    compiled = lowered.compile(options)
+    compiled = lowered.compile(COMPILER_OPTIONS)
     compile_s, cached = time.perf_counter() - t0, len(CACHE_HITS) > hits
-    PROGRESS.start(args, runs)
+    PROGRESS.start(args, share)
     state, metrics = jax.block_until_ready(compiled(keys, hp))
     run_s = time.perf_counter() - PROGRESS.t_start
+    # Every process's share, in process order (process 0 alone writes them), as numpy arrays.
+    state, metrics = multihost_utils.process_allgather(jax.tree.map(
+        lambda x: x.reshape(share, *x.shape[2:]), (state, metrics)), tiled=True)
     lead = (len(configs), seeds) if len(configs) > 1 else (seeds,)
-    state, metrics = jax.tree.map(lambda x: x.reshape(*lead, *x.shape[2:]), (state, metrics))
+    state, metrics = jax.tree.map(lambda x: x.reshape(*lead, *x.shape[1:]), (state, metrics))
     steps_taken = float(np.sum(metrics["env_steps"][..., -1]))  # every run and agent
     timing = {"compile_s": compile_s, "run_s": run_s, "sps": steps_taken / run_s,
-              "devices": len(devices), "cached": cached}
+              "devices": len(devices) * jax.process_count(), "cached": cached}
     return state, metrics, timing
 
 
@@ -577,6 +578,8 @@ class Progress:
         self.lock = threading.Lock()  # callbacks arrive on one thread per device
 
     def __call__(self, metrics):
+        if jax.process_index() > 0:  # --distributed: process 0 alone reports
+            return
         steps = int(metrics["env_steps"])
         with self.lock:
             reports = self.pending.setdefault(steps, [])
@@ -634,35 +637,31 @@ def save_model(run_dir, args: Args, state: RunnerState):
     return os.path.join(run_dir, "model.msgpack")
 
 
-def plot_q_values(run_dir, args: Args, q):
-    """Heat maps of max_a Q per cell for one agent's table q [S, A], beside max_a Q*, with arrows
-    for the greedy actions, S the start and T the terminal cells; walls and unreachable cells are
-    blank."""
+def plot_q_values(run_dir, args: Args, state: RunnerState):
+    """Heat maps of max_a Q per cell (seed 0, agent 0) beside max_a Q*, with arrows for the greedy
+    actions, S the start and T the terminal cells; walls and unreachable cells are blank."""
     import matplotlib.pyplot as plt
     plt.switch_backend("Agg")
 
     env = make_env(args)
     model = env.model
-    q_star = np.asarray(value_iteration(model.P, model.R, model.terminal, args.gamma[0]))
     shown = model_reachable(model)
-    arrows = (((0, 1), (1, 0), (0, -1), (-1, 0)) if args.env_id == "GridWorld-v0"  # (dx, dy) up..
-              else ((-1, 0), (0, -1), (1, 0), (0, 1)))                             # left, down..
+    moves = MOVES if args.env_id == "GridWorld-v0" else LAKE_MOVES
     fig, axes = plt.subplots(1, 2, figsize=(10, 4.5))
-    vmax = max(q_star.max(), 1e-9)
-    for ax, table, title in [(axes[0], np.asarray(q), "learned max_a Q (seed 0, agent 0)"),
+    q, q_star = state.agents.q[0, 0], state.q_star[0]  # [S, A] each
+    for ax, table, title in [(axes[0], q, "learned max_a Q (seed 0, agent 0)"),
                              (axes[1], q_star, "optimal max_a Q* (value iteration)")]:
         values = np.where(shown, table.max(-1), np.nan).reshape(env.shape)
-        image = ax.imshow(values, cmap="viridis", vmin=0, vmax=vmax)
+        image = ax.imshow(values, cmap="viridis", vmin=0, vmax=max(q_star.max(), 1e-9))
         for s in np.nonzero(shown & ~model.terminal)[0]:
             r, c = divmod(int(s), env.shape[1])
-            dx, dy = arrows[int(np.argmax(table[s]))]
-            ax.arrow(c - 0.25 * dx, r + 0.25 * dy, 0.3 * dx, -0.3 * dy, head_width=0.12,
+            dr, dc = moves[int(np.argmax(table[s]))]
+            ax.arrow(c - 0.25 * dc, r - 0.25 * dr, 0.3 * dc, 0.3 * dr, head_width=0.12,
                      color="white", length_includes_head=True)
         for s, label in [(model.start, "S")] + [(s, "T") for s in np.nonzero(model.terminal)[0]]:
             r, c = divmod(int(s), env.shape[1])
             ax.text(c + 0.3, r - 0.25, label, color="white", ha="center", va="center")
-        ax.set_title(title)
-        ax.set_xticks([]), ax.set_yticks([])
+        ax.set(title=title, xticks=[], yticks=[])
     fig.colorbar(image, ax=axes, shrink=0.8)
     fig.suptitle(f"{args.env_id}: greedy actions (arrows) and state values")
     os.makedirs(run_dir, exist_ok=True)
@@ -690,9 +689,8 @@ def summary(args: Args, metrics, timing) -> str:
         per_seed = [("final return per seed (last 5% of updates): ", finals, "{:.3f}"),
                     ("greedy optimal per seed (mean over agents): ", optimal, "{:.1%}"),
                     ("q_error per seed (mean over agents):        ", errors, "{:.2e}")]
-        return "\n".join(lines + [label + " ".join(map(form.format, x[0]))
-                                   for label, x, form in per_seed]
-                          + [f"mean return {np.mean(finals):.3f}  |  {timing_line}"])
+        lines += [label + " ".join(map(form.format, x[0])) for label, x, form in per_seed]
+        return "\n".join(lines + [f"mean return {np.mean(finals):.3f}  |  {timing_line}"])
     varied = [k for k in HPARAMS if len(getattr(args, k)) > 1]
     rng = np.random.default_rng(0)
     lines.append(" | ".join(varied + ["final return mean [95% CI over seeds]", "IQM", "worst",
@@ -710,14 +708,16 @@ def summary(args: Args, metrics, timing) -> str:
 def main():
     try:
         check_one_value_flags(sys.argv[1:])  # before tyro, which would blame the value
-        args = validate(tyro.cli(Args, description=__doc__.split("\n\n")[0]))
+        args = tyro.cli(Args, description=__doc__.split("\n\n")[0])
+        start_processes(args)  # before validate, whose jax.process_count() starts JAX's backend
+        args = validate(args)
     except ArgError as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
-    # The cache is set up at the first compile (importing gymnax runs some): set it up again.
-    compilation_cache.set_cache_dir(args.compile_cache_dir or None)
-    compilation_cache.reset_cache()
+    compilation_cache.set_cache_dir(args.compile_cache_dir or None)  # read at the first compile
     state, metrics, timing = run(args)
+    if jax.process_index() > 0:  # --distributed: process 0 alone writes and prints
+        return
     configs, metrics = grid(args), jax.device_get(metrics)
     if len(configs) == 1:  # a configuration axis in front, as a sweep has
         state, metrics = jax.tree.map(lambda x: x[None], (state, metrics))
@@ -732,7 +732,7 @@ def main():
         if args.save_model:
             print(f"saved {save_model(run_dir, one, pick(state, c))}")
         if args.plot:
-            print(f"saved {plot_q_values(run_dir, one, np.asarray(state.agents.q[c, 0, 0]))}")
+            print(f"saved {plot_q_values(run_dir, one, pick(state, c))}")
     print(summary(args, metrics, timing))
 
 
