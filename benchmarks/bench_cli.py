@@ -1,21 +1,22 @@
-"""The commands a user types, timed as whole processes: cold and warm compilation cache.
+"""The commands a user types, as typed: whole-process time and time to solve, cold and warm cache.
 
-    python benchmarks/bench_cli.py [--quick] [--repeats 3]
+    python benchmarks/bench_cli.py [--quick]
+    python benchmarks/run.py --only commands
 
-Each command runs as `python algos/<file> ... --no-track` in a fresh process, on the devices the
-file chooses itself (one per core). "cold": an empty cache directory, so the process compiles;
-"warm": the same directory again, filled by the cold run. Whole-process time counts everything
-from interpreter start; compile, run and steps/s are read from the command's summary line.
-Medians over --repeats runs."""
+Each command runs as `python algos/<file> ... --num-seeds 8 --no-track` in a fresh process
+(common.run_command: the file's own main() on that command line), on the devices the file
+chooses itself (one per core). "cold": an empty compilation-cache directory, so the process
+compiles; "warm": the same directory again, filled by the cold run (a user's second run). Time to
+solve: from the process's launch until every seed's per-update score had reached the command's
+threshold (common.COMMANDS). One process per row: whole-process times of the same command vary
+by about a second between runs, less than the cold/warm difference they show.
+
+Also the cost of the in-jit progress callbacks: the same command trained with and without them in
+one process (the compiles come from a cache after the first of each), median of 3 runs each."""
 from __future__ import annotations
 
-import argparse
-import os
-import re
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
@@ -23,64 +24,81 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common  # noqa: E402
 
-COMMANDS = [  # (file, flags); --quick shortens the budgets
-    ("ppo.py", ["--num-seeds", "8"]),
-    ("ppo.py", ["--num-envs", "2048"]),
-    ("q_learning.py", ["--num-agents", "8192"]),
-]
-QUICK = {"ppo.py": ["--total-timesteps", "65536"], "q_learning.py": ["--total-timesteps", "2000"]}
-SUMMARY = re.compile(r"(\d+) device\(s\)\s+compile ([\d.]+) s( \(cache\))?\s+run ([\d.]+) s"
-                     r"\s+\|\s+([\d,]+) (?:agent-)?steps/s")
+SEEDS = 8
+NAMES = ("ppo", "ppo_pendulum", "vpg", "vpg_pendulum", "q_learning")  # of common.COMMANDS
+QUICK = {"q_learning": ["--num-seeds", "2", "--total-timesteps", "2000"]}
+PROGRESS = ("ppo", ["--num-seeds", str(SEEDS), "--total-timesteps", "100000"])  # not in --quick
+LAST = {}  # name -> {"cold": result, "warm": result} of the latest run() (peers.py reads it)
 
 
-def once(script, flags, cache):
-    env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_NUM_CPU_DEVICES")}
-    t0 = time.perf_counter()
-    proc = subprocess.run([sys.executable, str(common.ALGOS / script), *flags, "--no-track",
-                           "--compile-cache-dir", cache], capture_output=True, text=True,
-                          cwd=common.ROOT, env=env)
-    wall = time.perf_counter() - t0
-    match = SUMMARY.search(proc.stdout)
-    if proc.returncode != 0 or not match:
-        raise RuntimeError(f"{script} {flags}: {proc.stderr[-2000:]}")
-    lines = proc.stdout.splitlines()
-    finals = next((line.split(": ")[1] for line in lines if line.startswith("final return")), "")
-    return {"wall": wall, "devices": int(match[1]), "compile": float(match[2]),
-            "cached": bool(match[3]), "run": float(match[4]),
-            "sps": float(match[5].replace(",", "")), "finals": finals}
+def progress_worker(config: dict) -> dict:
+    """Run one command 3 times with the progress callbacks, then 3 times without (every
+    jax.debug.callback made a no-op before tracing): the run_s of each."""
+    import jax
+
+    flags = [*config["flags"], "--no-track", "--compile-cache-dir", config["cache"]]
+    times = {}
+    for label in ("with", "without"):
+        if label == "without":
+            jax.debug.callback = lambda *a, **k: None
+        times[label] = [common.run_as_typed(config["file"], flags)["timing"]["run_s"]
+                        for _ in range(3)]
+    return times
 
 
-def run(quick: bool, repeats: int) -> str:
+def progress_overhead() -> str:
+    file, flags = PROGRESS
+    with tempfile.TemporaryDirectory() as cache:
+        r = common.run_worker(Path(__file__), {"file": file, "flags": flags, "cache": cache},
+                              as_user=True)
+    a, b = float(np.median(r["with"])), float(np.median(r["without"]))
+    return (f"Progress callbacks (`{file}.py {' '.join(flags)}`, one process): run "
+            f"{a:.2f} s with, {b:.2f} s without (medians of 3): overhead "
+            f"{100 * (a - b) / b:+.1f}%.")
+
+
+def row(result: dict, label: str, threshold: float) -> list:
+    final = np.asarray(result["final"][0])
+    solve_s, reached = common.solve_time(result["reach_s"][0])
+    return [f"`{result['command']}`", label, result["devices"], f"{result['process_s']:.1f}",
+            f"{result['compile_s']:.1f}" + (" (cache)" if result["cached"] else ""),
+            f"{result['run_s']:.1f}", f"{result['sps']:,.0f}",
+            f"{solve_s:.1f}" if solve_s is not None else f"{reached}/{len(final)} reached",
+            common.with_ci(final), f"{final.min():.4g}"]
+
+
+def measure(name: str, extra_flags: list[str]) -> dict:
+    """common.COMMANDS[name] + extra_flags, cold then warm: {"cold": result, "warm": result}."""
+    file, flags, threshold = common.COMMANDS[name]
+    with tempfile.TemporaryDirectory() as cache:
+        LAST[name] = {label: common.run_command(file, [*flags, *extra_flags], threshold, cache)
+                      for label in ("cold", "warm")}  # in this order: cold fills the cache
+    print(f"  commands {name}: " + ", ".join(
+        f"{label} {r['process_s']:.0f} s" for label, r in LAST[name].items()), flush=True)
+    return LAST[name]
+
+
+def run(quick: bool = False) -> str:
     rows = []
-    for script, flags in COMMANDS:
-        flags = flags + (QUICK[script] if quick else [])
-        with tempfile.TemporaryDirectory() as cache:
-            cold = [once(script, flags, cache)]  # fills the cache
-            warm = [once(script, flags, cache) for _ in range(repeats)]
-            with tempfile.TemporaryDirectory() as empty:  # more cold runs, each its own cache
-                cold += [once(script, flags, os.path.join(empty, str(i)))
-                         for i in range(repeats - 1)]
-        for label, runs in [("cold", cold), ("warm", warm)]:
-            med = {k: float(np.median([r[k] for r in runs]))
-                   for k in ("wall", "compile", "run", "sps")}
-            rows.append([f"`{script} {' '.join(flags)}`", label, runs[0]["devices"],
-                         f"{med['wall']:.1f}", f"{med['compile']:.1f}"
-                         + (" (cache)" if all(r["cached"] for r in runs) else ""),
-                         f"{med['run']:.1f}", f"{med['sps']:,.0f}", runs[-1]["finals"][:60]])
-            print(rows[-1], flush=True)
-    load = os.getloadavg()
+    for name in QUICK if quick else NAMES:
+        result = measure(name, QUICK[name] if quick else ["--num-seeds", str(SEEDS)])
+        rows += [row(result[label], label, common.COMMANDS[name][2]) for label in result]
     headers = ["command", "cache", "devices", "whole process s", "compile s", "run s",
-               "steps/s", "final return per seed (last run)"]
-    return (f"### Commands as typed: whole-process time, cold and warm compilation cache\n\n"
-            f"{common.machine_header()}; load average at the end "
-            f"{load[0]:.2f} {load[1]:.2f} {load[2]:.2f}\n\nMedians of {repeats} runs each.\n\n"
-            + common.md_table(headers, rows))
+               "steps/s (all seeds)", "every seed reached the threshold by (s, whole process)",
+               "final score, mean [95% CI]", "worst seed"]
+    return "\n\n".join([
+        "## The commands as typed: whole-process time and time to solve, cold and warm cache",
+        "`python algos/<file> ... --no-track`, one fresh process per row, on the devices the "
+        "file picks (one per core). cold: an empty compilation cache; warm: the cache the cold "
+        "run filled (a second run of the same command). Whole process: from launch to exit. "
+        "Thresholds and scores as in the robustness table (CartPole-v1 475; Pendulum-v1 -250 "
+        "PPO, -1020 VPG; q_learning greedy_optimal 1.0).",
+        common.md_table(headers, rows),
+        *([] if quick else [progress_overhead()]),
+    ])
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--repeats", type=int, default=3)
-    opts = parser.parse_args()
-    print(f"load average at the start: {os.getloadavg()}")
-    print(run(opts.quick, opts.repeats))
+    if not common.worker_entry(progress_worker):
+        print(common.machine_header(), f"load average {common.load_average()}\n", sep="; ")
+        print(run(quick="--quick" in sys.argv))

@@ -9,14 +9,15 @@ bsuite and misc 500k steps x 4 seeds, MinAtar 1M x 2 seeds (the 2-core CPU runs 
 thousand steps per second). One table: where each algorithm works at that budget, and where it does
 not. Not part of the default `benchmarks/run.py` run: on 2 cores it takes well over an hour.
 --quick runs one env per family on a tiny budget, to check the pipeline. Each workload runs in its
-own process (common.run_worker); an env that cannot be built or trained shows its error instead."""
+own process (PPO and VPG: the command as typed, common.run_command); an env that cannot be built or
+trained shows its error instead."""
 import sys
+import tempfile
 from pathlib import Path
 
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import bench_rl  # noqa: E402
 import common  # noqa: E402
 
 ALGOS = ("ppo", "vpg")
@@ -73,10 +74,8 @@ def random_returns(env_id: str, seed: int = 0) -> dict:
 
 
 def worker(config):
-    """A random-policy evaluation, or one training sweep (bench_rl's worker)."""
-    if config["algo"] == "random":
-        return random_returns(config["args"]["env_id"])
-    return bench_rl.worker(config)
+    """A random-policy evaluation (the training sweeps are commands as typed: common)."""
+    return random_returns(config["env_id"])
 
 
 def handled_envs() -> list:
@@ -101,7 +100,7 @@ def cell(result, total_steps) -> str:
     """A final return, the worst seed, and the steps it was reached in (per seed)."""
     if isinstance(result, str):
         return result
-    final = np.asarray(result["final"], dtype=np.float64)
+    final = np.asarray(result["final"][0], dtype=np.float64)
     if np.all(np.isnan(final)):
         return f"no episode finished ({total_steps:,} steps)"
     return f"{np.nanmean(final):.1f} (worst {np.nanmin(final):.1f})"
@@ -121,10 +120,14 @@ def run(quick: bool) -> str:
         print(f"  {env_id} ({fam}): random, {', '.join(ALGOS)} ...", flush=True)
         results = {}
         for algo in ("random", *ALGOS):
-            config = {"algo": algo, "args": {"env_id": env_id, "num_seeds": seeds,
-                                             "total_timesteps": budget}}
+            flags = ["--env-id", env_id, "--num-seeds", str(seeds), "--total-timesteps",
+                     str(budget)]
             try:
-                results[algo] = common.run_worker(script, config)
+                if algo == "random":
+                    results[algo] = common.run_worker(script, {"env_id": env_id})
+                else:
+                    with tempfile.TemporaryDirectory() as cache:
+                        results[algo] = common.run_command(algo, flags, np.inf, cache)
             except RuntimeError as e:
                 last = str(e).strip().splitlines()[-1][:80]
                 print(str(e)[-2000:], file=sys.stderr)

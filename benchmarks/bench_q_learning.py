@@ -1,9 +1,11 @@
 """Speed of algos/q_learning.py: agent-steps per second after compile for 1 to 65536 agents, peak
 memory, and a plain-numpy per-step loop of the same algorithm as the baseline.
 
-Every workload runs in its own process (common.run_worker), so its compile time and peak memory
-are its own. The process gets 2 host devices, one per core: a workload of N >= 2 agents runs as 2
-seeds (one per device) of N/2 agents, so the rate is the aggregate over both cores.
+Every agent count of the speed and memory tables runs in its own process (common.run_worker), so
+its compile time and peak memory are its own; the small-loop comparison (rates only) measures
+1 and 30 agents in one process per XLA setting. A process gets 2 host devices, one per core: a
+workload of N >= 2 agents runs as 2 seeds (one per device) of N/2 agents, so the rate is the
+aggregate over both cores.
 
     python benchmarks/bench_q_learning.py [--quick]
 """
@@ -25,38 +27,55 @@ AGENT_COUNTS = (1, 30, 1024, 8192, 65536)
 
 
 # ----------------------------------------------------------------------------- workers
+VARIANTS = {  # the file's implementation choices, each undone in turn (implementation_table)
+    "file": ("the file as it is", {}),
+    "one_block": ("all agents as one block (no cache blocking)", {"BLOCK_BYTES": 2 ** 62}),
+    "ynn": ("XLA's YNNPACK fusion on (XLA's default)", {"COMPILER_OPTIONS": {}}),
+}
+
+
 def jax_workload(config: dict) -> dict:
-    """Compile the whole run once, then time several runs of it (the steady state)."""
-    if not config["small_loops"]:  # any value here stops the file from raising XLA's limit
-        os.environ["XLA_FLAGS"] += " --xla_backend_extra_options="
+    """For each agent count of config["agents"] in turn (with the file's settings of VARIANTS
+    config["variants"][i], default "file"): compile the whole run once, then time
+    config["repeats"] runs of it after a warm-up run (the steady state)."""
+    if not config["small_loops"]:  # XLA's own default, set here, stops the file raising it
+        os.environ["XLA_FLAGS"] += (" --xla_backend_extra_options="
+                                    "xla_cpu_small_while_loop_byte_threshold=1024")
     ql = common.import_algo("q_learning")
     import dataclasses
 
     import jax
 
     ql.Progress.__call__ = lambda *a: None  # the progress lines are not part of the measurement
-    agents = config["agents"]
-    seeds = 2 if agents >= 2 else 1
-    args = dataclasses.replace(
-        ql.Args(track=False), num_agents=agents // seeds, num_seeds=seeds,
-        total_timesteps=config["steps"], num_steps=config["num_steps"])
-    keys = jax.random.split(jax.random.PRNGKey(0), seeds).reshape(seeds, 1, 2)
-    hp = {k: jax.numpy.full((seeds, 1), getattr(args, k)[0]) for k in ql.HPARAMS}
-    t0 = time.perf_counter()
-    compiled = jax.pmap(jax.vmap(ql.make_train(args)), devices=jax.local_devices()[:seeds]) \
-        .lower(keys, hp).compile(ql.COMPILER_OPTIONS)
-    compile_s = time.perf_counter() - t0
-    last = {}
+    results, settings = [], {k: getattr(ql, k) for k in ("BLOCK_BYTES", "COMPILER_OPTIONS")}
+    variants = config.get("variants") or ["file"] * len(config["agents"])
+    for agents, variant in zip(config["agents"], variants):
+        for name, value in {**settings, **VARIANTS[variant][1]}.items():
+            setattr(ql, name, value)  # read by make_train and the compile below
+        size = sizes(agents, config["budget"], config["num_steps"])
+        seeds = 2 if agents >= 2 else 1
+        args = dataclasses.replace(
+            ql.Args(track=False), num_agents=agents // seeds, num_seeds=seeds,
+            total_timesteps=size, num_steps=config["num_steps"])
+        keys = jax.random.split(jax.random.PRNGKey(0), seeds).reshape(seeds, 1, 2)
+        hp = {k: jax.numpy.full((seeds, 1), getattr(args, k)[0]) for k in ql.HPARAMS}
+        t0 = time.perf_counter()
+        compiled = jax.pmap(jax.vmap(ql.make_train(args)), devices=jax.local_devices()[:seeds]) \
+            .lower(keys, hp).compile(ql.COMPILER_OPTIONS)
+        compile_s = time.perf_counter() - t0
+        last = {}
 
-    def call():
-        last["state"], last["metrics"] = jax.block_until_ready(compiled(keys, hp))
+        def call():
+            last["state"], last["metrics"] = jax.block_until_ready(compiled(keys, hp))
 
-    _, steady = common.time_calls(call, config["repeats"])
-    metrics = last["metrics"]
-    total = agents * config["steps"]
-    return {"compile_s": compile_s, "steady_s": steady, "rate": total / float(np.median(steady)),
-            "best": total / min(steady), "seeds": seeds,
-            "greedy_optimal": float(np.asarray(metrics["stats/greedy_optimal"])[:, :, -1].mean())}
+        _, steady = common.time_calls(call, config["repeats"])
+        total = agents * size
+        results.append({
+            "agents": agents, "variant": variant, "steps": size, "compile_s": compile_s,
+            "rate": total / float(np.median(steady)), "best": total / min(steady), "seeds": seeds,
+            "greedy_optimal": float(np.asarray(last["metrics"]["stats/greedy_optimal"])[
+                :, :, -1].mean())})
+    return {"results": results}
 
 
 def numpy_workload(config: dict) -> dict:
@@ -101,77 +120,104 @@ def worker(config: dict) -> dict:
 
 
 # ----------------------------------------------------------------------------- table
-def sizes(agents: int, quick: bool) -> dict:
-    """Steps per agent for about 2e7 agent-steps per timed run (1e6 quick), in whole updates of
-    1000 steps (the file's default; 100 quick)."""
-    budget, num_steps = (1e6, 100) if quick else (2e7, 1_000)
-    return {"steps": int(max(1, budget // agents // num_steps) * num_steps), "num_steps": num_steps}
+REPEATS = 3  # timed runs after the warm-up: the steady-state rate moves by a few percent
+BUDGET, SMALL_BUDGET = 2e7, 4e6  # agent-steps per timed run; SMALL_BUDGET below 1024 agents
+
+
+def sizes(agents: int, budget: float, num_steps: int) -> int:
+    """Steps per agent for about `budget` agent-steps, in whole updates of num_steps steps."""
+    return int(max(1, budget // agents // num_steps) * num_steps)
+
+
+def jax_run(agents, budget, num_steps=1_000, repeats=REPEATS, small_loops=True,
+            variants=None) -> list:
+    """One process: the workloads of jax_workload for these agent counts."""
+    return common.run_worker(SCRIPT, {
+        "kind": "jax", "agents": list(agents), "budget": budget, "num_steps": num_steps,
+        "repeats": repeats, "small_loops": small_loops, "variants": variants}, env=TWO_DEVICES)
 
 
 def run(quick: bool) -> str:
-    repeats = 2 if quick else 5
     rows, rates = [], {}
     numpy_steps = 20_000 if quick else 100_000
     base = common.run_worker(SCRIPT, {"kind": "numpy", "steps": numpy_steps})
     rows.append(["plain numpy loop (baseline)", 1, f"{numpy_steps:,}", "n/a", base["rate"] / 1e6,
                  "n/a", base["peak_rss_mib"]])
-    for agents in AGENT_COUNTS:
-        size = sizes(agents, quick)
-        result = common.run_worker(SCRIPT, {"kind": "jax", "agents": agents, **size,
-                                            "repeats": repeats, "small_loops": True},
-                                   env=TWO_DEVICES)
-        rates[agents] = result["rate"]
-        layout = f"{result['seeds']} x {agents // result['seeds']}"
-        rows.append([f"q_learning.py, {layout}", agents, f"{size['steps']:,}", result["compile_s"],
-                     result["rate"] / 1e6, result["best"] / 1e6, result["peak_rss_mib"]])
+    small, large, num_steps = (1e6, 1e6, 100) if quick else (SMALL_BUDGET, BUDGET, 1_000)
+    # --quick: both agent counts in one process (its peak memory then covers both)
+    for counts in [(1, 1024)] if quick else [(n,) for n in AGENT_COUNTS]:
+        process = jax_run(counts, large if counts[0] >= 1024 else small, num_steps)
+        rates.update({r["agents"]: r["rate"] for r in process["results"]})
+        for result in process["results"]:
+            agents = result["agents"]
+            layout = f"{result['seeds']} x {agents // result['seeds']}"
+            rows.append([f"q_learning.py, {layout}", agents, f"{result['steps']:,}",
+                         result["compile_s"], result["rate"] / 1e6, result["best"] / 1e6,
+                         process["peak_rss_mib"]])
     headers = ["workload (devices x agents per device)", "agents", "steps per agent", "compile s",
                "M agent-steps/s (median)", "M agent-steps/s (best)", "peak RSS MiB"]
     plot = save_plot(rates, base["rate"])
     parts = [
         "## Tabular Q-learning: agent-steps per second",
         common.md_table(headers, rows),
-        f"Default 6x6 GridWorld maze, {size['num_steps']} steps per update; {repeats} timed runs "
-        f"after a compile and a warm-up run. Speedup over the numpy loop: "
-        f"{rates[1] / base['rate']:.0f}x for 1 agent, "
-        f"{max(rates.values()) / base['rate']:,.0f}x at "
-        f"best. Reference (from the issue, same machine, not rerun here): the seed article's "
-        f"vmapped JAX Q-learning (RPegoud/jax_rl) runs 0.10 M steps/s for 1 agent and 0.39 M for "
-        f"30, with 13.7 GiB peak memory (it keeps every step's Q-table).",
+        f"Default 6x6 GridWorld maze, updates of {num_steps} steps; one process per row, "
+        f"{REPEATS} timed runs after a compile and a warm-up run, about {small:.0e} agent-steps "
+        f"each below 1024 agents, {large:.0e} from 1024 on. "
+        f"Speedup over the numpy loop: {rates[1] / base['rate']:.0f}x for 1 agent, "
+        f"{max(rates.values()) / base['rate']:,.0f}x at best. Reference (from the issue, same "
+        f"machine, not rerun here): the seed article's vmapped JAX Q-learning (RPegoud/jax_rl) "
+        f"runs 0.10 M steps/s for 1 agent and 0.39 M for 30, with 13.7 GiB peak memory (it "
+        f"keeps every step's Q-table).",
         f"![q_learning agent-steps per second]({plot.name})",
     ]
     if not quick:
-        parts += [memory_table(), small_loops_table(repeats)]
+        parts += [memory_table(), small_loops_table(), implementation_table()]
     return "\n\n".join(parts)
 
 
 def memory_table() -> str:
     """Peak memory does not grow with the number of steps: the same 8192 agents for 1x and 8x."""
     rows = []
+    agents = 8192
     for steps in (2_000, 16_000):
-        result = common.run_worker(SCRIPT, {"kind": "jax", "agents": 8192, "steps": steps,
-                                            "num_steps": 1_000, "repeats": 1, "small_loops": True},
-                                   env=TWO_DEVICES)
-        rows.append([8192, f"{steps:,}", f"{8192 * steps:,}", result["rate"] / 1e6,
-                     result["peak_rss_mib"]])
-    return "Peak memory against the number of steps:\n\n" + common.md_table(
-        ["agents", "steps per agent", "agent-steps", "M agent-steps/s", "peak RSS MiB"], rows)
+        process = jax_run([agents], agents * steps, repeats=1)
+        rows.append([agents, f"{steps:,}", f"{agents * steps:,}",
+                     process["results"][0]["rate"] / 1e6, process["peak_rss_mib"]])
+    return "Peak memory against the number of steps (one process per row):\n\n" + \
+        common.md_table(["agents", "steps per agent", "agent-steps", "M agent-steps/s",
+                         "peak RSS MiB"], rows)
 
 
-def small_loops_table(repeats: int) -> str:
+def small_loops_table() -> str:
     """What the file's small-loop setting buys: XLA's default runs each op of a small loop body as a
     separate call; with it, one agent's whole step loop is compiled as one native loop."""
-    rows = []
-    for agents in (1, 30):
-        for small_loops in (False, True):
-            result = common.run_worker(SCRIPT, {"kind": "jax", "agents": agents,
-                                                **sizes(agents, quick=True), "repeats": repeats,
-                                                "small_loops": small_loops}, env=TWO_DEVICES)
-            rows.append([agents, "raised to 100 kB" if small_loops else "XLA default (1 kB)",
-                         result["rate"] / 1e6])
-    return ("XLA:CPU small-while-loop limit (the file raises it on import), "
-            "1e6 agent-steps in updates of 100 steps. Only a single agent's loop qualifies: with "
-            "more, the table write is a scatter, which XLA keeps out of such loops.\n\n"
-            + common.md_table(["agents", "limit", "M agent-steps/s (median)"], rows))
+    rows, budget = [], 5e5
+    for small_loops in (False, True):  # one process each: XLA reads the limit at start-up
+        for result in jax_run((1, 30), budget, 100, small_loops=small_loops)["results"]:
+            rows.append([result["agents"], "raised to 100 kB" if small_loops
+                         else "XLA default (1 kB)", result["rate"] / 1e6])
+    return (f"XLA:CPU small-while-loop limit (the file raises it on import), {budget:.0e} "
+            f"agent-steps in updates of 100 steps, median of {REPEATS} after a warm-up, one "
+            "process per limit. Only a single agent's loop qualifies: with more, the table "
+            "write is a scatter, which XLA keeps out of such loops.\n\n"
+            + common.md_table(["agents", "limit", "M agent-steps/s (median)"],
+                              sorted(rows, key=lambda r: r[0])))
+
+
+def implementation_table() -> str:
+    """What the file's cache blocking and its YNNPACK setting buy, each undone in turn."""
+    workloads = [(65536, "file"), (65536, "one_block"), (8192, "file"), (8192, "ynn")]
+    process = jax_run([a for a, _ in workloads], BUDGET, variants=[v for _, v in workloads])
+    rows, base = [], {}
+    for r in process["results"]:
+        base.setdefault(r["agents"], r["rate"])  # the file's own rate comes first per count
+        rows.append([r["agents"], VARIANTS[r["variant"]][0], r["rate"] / 1e6,
+                     f"{base[r['agents']] / r['rate']:.2f}x"])
+    return ("The file's implementation choices, each undone in turn (one process, "
+            f"{BUDGET:.0e} agent-steps in updates of 1000 steps, median of {REPEATS} after a "
+            "warm-up):\n\n" + common.md_table(
+                ["agents", "program", "M agent-steps/s (median)", "the file's speed over this"],
+                rows))
 
 
 def save_plot(rates: dict, numpy_rate: float):

@@ -1,6 +1,9 @@
 """Helpers every benchmark script shares: machine header, markdown tables, IQM and bootstrap CIs,
-and the worker protocol that measures one workload in its own process (so compile time and peak
-memory belong to that workload alone)."""
+the worker protocol that measures one workload in its own process (so compile time and peak memory
+belong to that workload alone), and the default commands a user types, run as typed.
+
+    python benchmarks/common.py --worker JSON   # one command as typed (what run_command starts)
+"""
 from __future__ import annotations
 
 import json
@@ -17,6 +20,22 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 ALGOS = ROOT / "algos"
 RESULTS = ROOT / "benchmarks" / "results"
+if "--quick" in sys.argv:  # numbers that check the pipeline: never over the committed results
+    RESULTS = RESULTS / "quick"
+# The default commands a user types (the README's first examples), their flags, and the threshold
+# each one's score is held to: the final return (the mean episode return over the last 5% of
+# updates) for PPO and VPG, the final stats/greedy_optimal for q_learning (1.0: every agent's
+# greedy action is optimal in every state). VPG on Pendulum-v1: the floor tests/test_vpg.py holds
+# it to (a random policy's -1229 plus 209); PPO's -250 is shown for it in a note.
+COMMANDS = {
+    "ppo": ("ppo", [], 475.0),
+    "ppo_2048": ("ppo", ["--num-envs", "2048"], 475.0),
+    "ppo_pendulum": ("ppo", ["--env-id", "Pendulum-v1"], -250.0),
+    "vpg": ("vpg", [], 475.0),
+    "vpg_pendulum": ("vpg", ["--env-id", "Pendulum-v1"], -1020.0),
+    "q_learning": ("q_learning", [], 1.0),
+}
+CURVE_BINS = 100  # learning curves leave a worker as per-seed means over this many bins of updates
 
 
 # ----------------------------------------------------------------------------- machine
@@ -41,6 +60,11 @@ def machine_header() -> str:
         f"Machine: {cpu_model()}, {cores} cores, GPU: {gpu}, "
         f"jax {jax.__version__}, Python {platform.python_version()}"
     )
+
+
+def load_average() -> str:
+    """The 1, 5 and 15 minute load averages: a number above ~0.3 means something else ran."""
+    return " ".join(f"{x:.2f}" for x in os.getloadavg())
 
 
 # ---------------------------------------------------------------------------- tables and statistics
@@ -75,6 +99,23 @@ def bootstrap_ci(x, stat=np.mean, n_boot: int = 5000, level: float = 0.95, seed:
     return float(np.quantile(stats, a)), float(np.quantile(stats, 1.0 - a))
 
 
+def with_ci(x, stat=np.mean, spec: str = ".4g") -> str:
+    """'stat [low, high]': the statistic over the seeds in x with its 95% bootstrap CI."""
+    lo, hi = bootstrap_ci(x, stat=stat, n_boot=2000)
+    return f"{stat(np.asarray(x, dtype=np.float64)):{spec}} [{lo:{spec}}, {hi:{spec}}]"
+
+
+def bootstrap_band(curves, n_boot: int = 1000, level: float = 0.95, seed: int = 0):
+    """Per column of curves [seeds, points]: the mean over seeds (NaN ignored) and its
+    percentile-bootstrap CI, resampling whole seeds."""
+    curves = np.asarray(curves, dtype=np.float64)
+    idx = np.random.default_rng(seed).integers(0, len(curves), size=(n_boot, len(curves)))
+    means = np.nanmean(curves[idx], axis=1)  # [n_boot, points]
+    a = (1.0 - level) / 2.0
+    return (np.nanmean(curves, axis=0), np.nanquantile(means, a, axis=0),
+            np.nanquantile(means, 1.0 - a, axis=0))
+
+
 # ----------------------------------------------------------------------------- timing and memory
 def peak_rss_mib() -> float:
     """Peak resident memory of this process so far (Linux reports KiB)."""
@@ -95,15 +136,20 @@ def time_calls(fn, repeats: int):
 
 
 # ----------------------------------------------------------------------------- worker protocol
+DEVICE_SETTINGS = ("XLA_FLAGS", "JAX_NUM_CPU_DEVICES")  # what a file reads to choose its devices
+
+
 def run_worker(script: Path, config: dict, timeout: float = 3600, env: dict | None = None,
-               python: str | None = None) -> dict:
+               python: str | None = None, as_user: bool = False) -> dict:
     """Run `python script --worker JSON` in a fresh process; its last stdout line is a JSON dict.
 
     A fresh process per workload gives each its own compile time, its own whole-process wall time
-    and its own peak memory."""
-    full_env = dict(os.environ)
+    and its own peak memory. The result gains `process_s` (the process's wall time, from launch)
+    and `launched_at` (time.time() at launch). as_user: without the device settings of this
+    process's environment, so the workload picks its devices as a user's command would."""
+    full_env = {k: v for k, v in os.environ.items() if not (as_user and k in DEVICE_SETTINGS)}
     full_env.update(env or {})
-    t0 = time.perf_counter()
+    launched_at, t0 = time.time(), time.perf_counter()
     proc = subprocess.run(
         [python or sys.executable, str(script), "--worker", json.dumps(config)],
         capture_output=True, text=True, timeout=timeout, env=full_env, cwd=ROOT,
@@ -113,6 +159,7 @@ def run_worker(script: Path, config: dict, timeout: float = 3600, env: dict | No
         raise RuntimeError(f"{script.name} worker {config} failed:\n{proc.stderr[-3000:]}")
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     result.setdefault("process_s", wall)
+    result["launched_at"] = launched_at
     return result
 
 
@@ -131,3 +178,88 @@ def import_algo(name: str):
     if str(ALGOS) not in sys.path:
         sys.path.insert(0, str(ALGOS))
     return __import__(name)
+
+
+# ----------------------------------------------------------------------------- commands as typed
+def run_as_typed(name: str, flags: list[str]) -> dict:
+    """In this process: `python algos/<name>.py FLAGS`, the file's own main() on its own command
+    line, with its run() wrapped to keep what it returns and when it returned (time.time())."""
+    import jax
+
+    algo = import_algo(name)
+    inner = algo.__dict__.setdefault("unwrapped_run", algo.run)  # the same on every call
+    kept = {"algo": algo}
+
+    def run(args, *a, **k):
+        state, metrics, timing = inner(args, *a, **k)
+        kept.update(args=args, metrics=jax.device_get(metrics), timing=timing,
+                    returned_at=time.time())
+        return state, metrics, timing
+
+    algo.run = run
+    sys.argv = [str(ALGOS / f"{name}.py"), *flags]
+    algo.main()
+    return kept
+
+
+def reach_fraction(score, threshold: float):
+    """score [..., updates] -> the fraction of the run done at the end of the first update whose
+    score reached the threshold, 0 where none did (NaN, no episode finished, never reaches)."""
+    reached = np.nan_to_num(np.asarray(score, np.float64), nan=-np.inf) >= threshold
+    return np.where(reached.any(-1), reached.argmax(-1) + 1, 0) / reached.shape[-1]
+
+
+def command_worker(config: dict) -> dict:
+    """One command as typed, then per configuration and seed: the final score, the fraction of the
+    run after which the score first reached the threshold (None: never), and the learning curve
+    (mean score over each of CURVE_BINS bins of updates)."""
+    kept = run_as_typed(config["file"], config["flags"])
+    algo, args, metrics, timing = kept["algo"], kept["args"], kept["metrics"], kept["timing"]
+    configs = algo.grid(args)
+    lead = (len(configs), args.num_seeds)
+    metrics = {k: np.asarray(v, dtype=np.float64).reshape(*lead, -1) for k, v in metrics.items()}
+    key = "stats/greedy_optimal" if "stats/greedy_optimal" in metrics else "episode_return"
+    score = metrics[key]
+    if key == "episode_return":
+        final = np.stack([algo.final_returns({key: s}) for s in score])
+    else:
+        final = score[..., -1]
+    updates = score.shape[-1]
+    bins = np.array_split(np.arange(updates), min(CURVE_BINS, updates))
+    with np.errstate(all="ignore"):  # a bin in which no episode finished is NaN
+        curves = np.stack([np.nanmean(score[..., b], axis=-1) for b in bins], axis=-1)
+    steps = metrics["env_steps"][0, 0]
+    return {
+        "configs": configs, "final": final.tolist(),
+        "reach_fraction": reach_fraction(score, config["threshold"]).tolist(),
+        "curve_steps": [float(steps[b[-1]]) for b in bins],
+        "curves": [[[None if np.isnan(v) else v for v in seed] for seed in c] for c in curves],
+        "score": key, "num_seeds": args.num_seeds, "total_timesteps": args.total_timesteps,
+        "compile_s": timing["compile_s"], "cached": bool(timing["cached"]),
+        "run_s": timing["run_s"], "sps": timing["sps"], "devices": timing["devices"],
+        "returned_at": kept["returned_at"],
+    }
+
+
+def run_command(name: str, flags: list[str], threshold: float, cache_dir: str) -> dict:
+    """`python algos/<name>.py FLAGS --no-track --compile-cache-dir CACHE_DIR` in a fresh process,
+    on the devices the file picks itself. Adds, per configuration and seed, `reach_s`: seconds
+    from the process's launch to the end of the update in which the seed first reached the
+    threshold (updates taken as equally long), None if it never did."""
+    r = run_worker(Path(__file__), {"file": name, "threshold": threshold, "flags": [
+        *flags, "--no-track", "--compile-cache-dir", cache_dir]}, as_user=True)
+    run_start = r["returned_at"] - r["run_s"] - r["launched_at"]
+    r["reach_s"] = [[run_start + f * r["run_s"] if f else None for f in c]
+                    for c in r["reach_fraction"]]
+    r["command"] = " ".join([f"{name}.py", *flags])
+    return r
+
+
+def solve_time(reach_s: list) -> tuple[float | None, int]:
+    """(seconds until every seed had reached the threshold or None, how many seeds reached it)."""
+    reached = [t for t in reach_s if t is not None]
+    return (max(reached) if len(reached) == len(reach_s) else None), len(reached)
+
+
+if __name__ == "__main__":
+    worker_entry(command_worker)

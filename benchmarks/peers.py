@@ -1,50 +1,110 @@
-"""Reference implementations beside ours, same machine, same env-step budget (`run.py --peers`).
+"""Reference PPO implementations beside ours: same machine, same env-step budget, same number of
+seeds (`python benchmarks/run.py --peers`, or `python benchmarks/peers.py [--quick]`).
 
-Peers run in their own environment (benchmarks/requirements-peers.txt), found at .venv-peers/
-or named by the PEERS_PYTHON environment variable; a peer that is not installed is skipped with
-a line saying so. Stable-Baselines3 PPO uses the RL-Zoo hyper-parameters for each task; rejax PPO
-its defaults, on gymnax envs adapted to the 5-value step its package expects."""
+Peers run in their own environment, found at .venv-peers/ or named by the PEERS_PYTHON variable:
+
+    python3.12 -m venv .venv-peers
+    .venv-peers/bin/pip install -r requirements.txt -r benchmarks/requirements-peers.txt
+
+A peer that is not installed is skipped with a line saying so. Per environment, 8 seeds of each
+implementation use the whole machine (2 cores); the figure is the time from the launch of the
+first process until every seed's score had reached the threshold:
+- ours: `ppo.py --num-seeds 8` as typed (the commands table's processes, cold and warm cache);
+- rejax PPO (pure JAX): its tuned gymnax configuration (configs/gymnax/*.yaml in its repository),
+  on the gymnax env seen through the 5-value step rejax 0.1 expects; its train() vmapped over 4
+  seeds and pmapped over the 2 cores, one process; score: its own evaluation (16 episodes of the
+  stochastic policy) at 20 points of the run;
+- Stable-Baselines3 PPO (PyTorch): RL-Zoo's tuned hyperparameters; two processes with one torch
+  thread each (one per core), each training 4 seeds in turn; score: the mean return of the
+  episodes finished in a rollout (as ours: in an update).
+Final return: the mean episode return over the last 5% of the budget (rejax: its last evaluation).
+SB3 takes about 2 minutes per seed and environment on one core: the peers add ~15 minutes.
+"""
+import os
+import subprocess
+import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
-PROCESS_START = time.time()
-
-import os  # noqa: E402
-import subprocess  # noqa: E402
-import sys  # noqa: E402
-from pathlib import Path  # noqa: E402
-
-import numpy as np  # noqa: E402
+import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common  # noqa: E402
 
-BUDGET = {"CartPole-v1": 300_000, "Pendulum-v1": 300_000}
-SB3_ZOO = {  # RL-Zoo's tuned PPO settings
+SEEDS = 8
+ENVS = {"CartPole-v1": "ppo", "Pendulum-v1": "ppo_pendulum"}  # env -> our command (its budget)
+BUDGET = 300_000  # env steps per seed: our defaults for both
+QUICK_BUDGET, QUICK_SEEDS = 16_384, 2
+SB3_ZOO = {  # RL-Zoo's tuned PPO settings (rl-baselines3-zoo hyperparams/ppo.yml)
     "CartPole-v1": dict(n_envs=8, n_steps=32, batch_size=256, gae_lambda=0.8, gamma=0.98,
                         n_epochs=20, ent_coef=0.0, learning_rate=1e-3, clip_range=0.2),
     "Pendulum-v1": dict(n_envs=4, n_steps=1024, gae_lambda=0.95, gamma=0.9, n_epochs=10,
                         ent_coef=0.0, learning_rate=1e-3, clip_range=0.2, use_sde=True,
                         sde_sample_freq=4),
 }
+REJAX = {  # rejax's tuned gymnax PPO settings (configs/gymnax/{cartpole,pendulum}.yaml)
+    "CartPole-v1": dict(agent_kwargs={"activation": "tanh"}, num_envs=5, num_steps=100,
+                        num_epochs=5, num_minibatches=5, learning_rate=0.00075,
+                        max_grad_norm=0.5, gamma=0.99, gae_lambda=0.95, clip_eps=0.2,
+                        ent_coef=0.01, vf_coef=0.5),
+    "Pendulum-v1": dict(agent_kwargs={"activation": "swish"}, num_envs=100, num_steps=100,
+                        num_epochs=10, num_minibatches=10, learning_rate=0.001,
+                        max_grad_norm=10, gamma=0.995, gae_lambda=0.95, clip_eps=0.2,
+                        ent_coef=0.0, vf_coef=0.5, normalize_observations=True),
+}
+REJAX_EVALS, REJAX_EVAL_EPISODES, REJAX_DEVICES = 20, 16, 2
 
 
-def sb3_worker(env_id, steps, seed):
+# ----------------------------------------------------------------------------- workers
+def sb3_worker(config):
+    """SB3 PPO on config["seeds"], one after the other in this process: per seed, (time, steps,
+    mean return of the episodes finished) per rollout, and the final return."""
+    import torch
+
+    torch.set_num_threads(1)
     from stable_baselines3 import PPO
+    from stable_baselines3.common.callbacks import BaseCallback
     from stable_baselines3.common.env_util import make_vec_env
 
-    kwargs = dict(SB3_ZOO[env_id])
-    env = make_vec_env(env_id, n_envs=kwargs.pop("n_envs"), seed=seed)
-    model = PPO("MlpPolicy", env, seed=seed, device="cpu", verbose=0, **kwargs)
-    t0 = time.time()
-    model.learn(total_timesteps=steps)
-    returns = [ep["r"] for ep in model.ep_info_buffer]
-    return {"run_s": time.time() - t0, "final": float(np.mean(returns[-20:]))}
+    class Record(BaseCallback):
+        def _on_training_start(self):
+            self.rollout, self.episodes, self.points = [], [], []
+
+        def _on_step(self):
+            for info in self.locals["infos"]:
+                if "episode" in info:
+                    self.rollout.append(info["episode"]["r"])
+                    self.episodes.append((self.num_timesteps, info["episode"]["r"]))
+            return True
+
+        def _on_rollout_end(self):
+            mean = float(np.mean(self.rollout)) if self.rollout else None
+            self.points.append((time.time(), self.num_timesteps, mean))
+            self.rollout = []
+
+    results = []
+    for seed in config["seeds"]:
+        kwargs = dict(SB3_ZOO[config["env_id"]])
+        env = make_vec_env(config["env_id"], n_envs=kwargs.pop("n_envs"), seed=seed)
+        model = PPO("MlpPolicy", env, seed=seed, device="cpu", verbose=0, **kwargs)
+        record = Record()
+        t0 = time.perf_counter()
+        model.learn(total_timesteps=config["steps"], callback=record)
+        tail = [r for t, r in record.episodes if t >= 0.95 * config["steps"]]
+        results.append({"points": record.points, "learn_s": time.perf_counter() - t0,
+                        "final": float(np.mean(tail or [record.episodes[-1][1]]))})
+    return {"seeds": results}
 
 
-def rejax_worker(env_id, steps, seed):
-    import gymnax
+def rejax_worker(config):
+    """All seeds of rejax PPO in one process: pmap over the cores x vmap over seeds."""
     import jax
+
+    jax.config.update("jax_num_cpu_devices", REJAX_DEVICES)
+    import gymnax
     from rejax import PPO
+    from rejax.evaluate import evaluate
 
     class FiveValueStep:
         """gymnax 1.0 env seen through the pre-1.0 5-value step rejax 0.1 expects."""
@@ -62,22 +122,38 @@ def rejax_worker(env_id, steps, seed):
                 raise AttributeError(name)
             return getattr(self.env, name)
 
-    env, env_params = gymnax.make(env_id)
-    algo = PPO.create(env=FiveValueStep(env), env_params=env_params, total_timesteps=steps,
-                      eval_freq=steps)
-    train = jax.jit(algo.train)
-    t0 = time.time()
-    _, (_, returns) = jax.block_until_ready(train(jax.random.PRNGKey(seed)))
-    return {"run_s": time.time() - t0, "final": float(np.asarray(returns)[-1].mean())}
+    def eval_callback(algo, ts, rng):
+        return evaluate(algo.make_act(ts), rng, algo.env, algo.env_params, REJAX_EVAL_EPISODES,
+                        algo.env_params.max_steps_in_episode)
+
+    env, env_params = gymnax.make(config["env_id"])
+    settings = REJAX[config["env_id"]]
+    batch = settings["num_envs"] * settings["num_steps"]  # an evaluation every whole updates
+    eval_freq = batch * max(1, round(config["steps"] / REJAX_EVALS / batch))
+    algo = PPO.create(env=FiveValueStep(env), env_params=env_params,
+                      total_timesteps=config["steps"], eval_freq=eval_freq,
+                      skip_initial_evaluation=True, **settings)
+    algo = algo.replace(eval_callback=eval_callback)
+    devices = jax.local_devices()[:REJAX_DEVICES]
+    keys = jax.random.split(jax.random.PRNGKey(config["seed"]), config["seeds"])
+    keys = keys.reshape(len(devices), -1, *keys.shape[1:])
+    t0 = time.perf_counter()
+    compiled = jax.pmap(jax.vmap(algo.train), devices=devices).lower(keys).compile()
+    compile_s, t0 = time.perf_counter() - t0, time.perf_counter()
+    _, (_, returns) = jax.block_until_ready(compiled(keys))
+    run_s = time.perf_counter() - t0
+    returns = np.asarray(returns)  # [devices, seeds per device, evaluations, episodes]
+    curve = returns.reshape(config["seeds"], returns.shape[2], -1).mean(-1)
+    return {"compile_s": compile_s, "run_s": run_s, "returned_at": time.time(),
+            "curve": curve.tolist(), "final": curve[:, -1].tolist(),
+            "steps": returns.shape[2] * eval_freq}
 
 
 def worker(config):
-    fn = {"sb3": sb3_worker, "rejax": rejax_worker}[config["peer"]]
-    result = fn(config["env_id"], config["steps"], config["seed"])
-    result["whole_process_s"] = time.time() - PROCESS_START
-    return result
+    return {"sb3": sb3_worker, "rejax": rejax_worker}[config["peer"]](config)
 
 
+# ----------------------------------------------------------------------------- running them
 def peers_python():
     explicit = os.environ.get("PEERS_PYTHON")
     default = common.ROOT / ".venv-peers" / "bin" / "python"
@@ -88,43 +164,148 @@ def installed(python, module):
     return subprocess.run([python, "-c", f"import {module}"], capture_output=True).returncode == 0
 
 
-def run(quick: bool, selected=("ppo",)) -> str:
+PEER_ENV = {"PYTHONPATH": "", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+
+
+def run_rejax(python, env_id, steps, seeds, threshold):
+    r = common.run_worker(Path(__file__), {"peer": "rejax", "env_id": env_id, "steps": steps,
+                                           "seeds": seeds, "seed": 0},
+                          env=PEER_ENV, python=python, as_user=True)
+    run_start = r["returned_at"] - r["run_s"]
+    reach = []
+    for seed in np.asarray(r["curve"]):
+        hit = np.flatnonzero(seed >= threshold)
+        reach.append(run_start + (hit[0] + 1) / len(seed) * r["run_s"] - r["launched_at"]
+                     if hit.size else None)
+    return {"final": r["final"], "reach_s": reach, "wall_s": r["process_s"], "steps": r["steps"],
+            "note": f"one process, compile {r['compile_s']:.1f} s, run {r['run_s']:.1f} s"}
+
+
+def run_sb3(python, env_id, steps, seeds, threshold):
+    start = time.time()
+    with ThreadPoolExecutor(max_workers=2) as pool:  # two processes at a time: one per core
+        results = [seed for process in pool.map(lambda first: common.run_worker(
+            Path(__file__), {"peer": "sb3", "env_id": env_id, "steps": steps,
+                             "seeds": list(range(first, seeds, 2))},
+            env=PEER_ENV, python=python)["seeds"], range(2)) for seed in process]
+    wall = time.time() - start
+    reach = [next((t - start for t, _, mean in r["points"] if mean is not None
+                   and mean >= threshold), None) for r in results]
+    per_seed = np.median([r["learn_s"] for r in results])
+    return {"final": [r["final"] for r in results], "reach_s": reach, "wall_s": wall,
+            "note": f"2 processes (one per core) of {seeds // 2} seeds in turn; one seed "
+                    f"trains in {per_seed:.0f} s (median)"}
+
+
+def ours(env_id, quick):
+    """Our PPO on env_id, cold and warm: the commands table's processes when run.py ran it."""
+    import bench_cli
+
+    name = ENVS[env_id]
+    flags = (["--num-seeds", str(QUICK_SEEDS), "--total-timesteps", str(QUICK_BUDGET)] if quick
+             else ["--num-seeds", str(SEEDS)])
+    last = bench_cli.LAST.get(name)
+    if not last or last["cold"]["num_seeds"] != (QUICK_SEEDS if quick else SEEDS):
+        last = bench_cli.measure(name, flags)
+    return {label: {"final": r["final"][0], "reach_s": r["reach_s"][0], "wall_s": r["process_s"],
+                    "note": f"`{r['command']}`, compile {r['compile_s']:.1f} s"
+                            + (" (cache)" if r["cached"] else "") + f", run {r['run_s']:.1f} s"}
+            for label, r in last.items()}
+
+
+def run(quick: bool = False) -> str:
     python = peers_python()
-    lines, rows, ours = [], [], {}
-    for env_id, budget in BUDGET.items():
-        steps = 10_000 if quick else budget
-        r = common.run_worker(Path(__file__).with_name("bench_rl.py"), {
-            "algo": "ppo", "args": {"env_id": env_id, "num_seeds": 1, "total_timesteps": steps}})
-        ours[env_id] = r["whole_process_s"]
-        rows.append(["ours PPO", env_id, 1, f"{r['total_steps']:,}", f"{r['final'][0]:.1f}",
-                     f"{r['run_s']:.1f}", f"{r['whole_process_s']:.1f}", "1.0"])
-    for peer, module in [("sb3", "stable_baselines3"), ("rejax", "rejax")]:
+    steps, seeds = (QUICK_BUDGET, QUICK_SEEDS) if quick else (BUDGET, SEEDS)
+    lines, rows, bars = [], [], {}
+    available = []
+    for peer, module in [("rejax", "rejax"), ("SB3", "stable_baselines3")]:
         if python is None or not installed(python, module):
             lines.append(f"- skipped {peer}: `{module}` is not installed in the peers environment "
                          "(see benchmarks/requirements-peers.txt).")
-            continue
-        for env_id, budget in BUDGET.items():
-            steps = 10_000 if quick else budget
+        else:
+            available.append(peer)
+    for env_id, name in ENVS.items():
+        threshold = common.COMMANDS[name][2]
+        results = {f"ours, {label} cache": r for label, r in ours(env_id, quick).items()}
+        for peer in available:
+            t0 = time.time()
             try:
-                r = common.run_worker(Path(__file__), {"peer": peer, "env_id": env_id,
-                                                       "steps": steps, "seed": 1},
-                                      env={"PYTHONPATH": ""}, python=python)
+                fn = run_rejax if peer == "rejax" else run_sb3
+                results[peer] = fn(python, env_id, steps, seeds, threshold)
             except RuntimeError as e:
-                lines.append(f"- {peer} on {env_id} failed: {str(e).splitlines()[-1]}")
-                continue
-            rows.append([f"{peer} PPO", env_id, 1, f"{steps:,}", f"{r['final']:.1f}",
-                         f"{r['run_s']:.1f}", f"{r['whole_process_s']:.1f}",
-                         f"{r['whole_process_s'] / ours[env_id]:.1f}"])
-    headers = ["implementation", "env", "seeds", "steps/seed", "final return", "train s",
-               "whole process s", "whole process vs ours"]
-    text = ("### Reference implementations (1 seed each, same budget)\n\n"
-            "Final return: ours and rejax as in the tables above (rejax: its last evaluation); "
-            "SB3: mean of its last 20 training episodes. Train s excludes our compile but "
-            "includes rejax's (its first jitted call); whole process counts everything from "
-            "interpreter start.")
+                lines.append(f"- {peer} on {env_id} failed: {str(e).strip().splitlines()[-1]}")
+            print(f"  peers {peer} {env_id}: {time.time() - t0:.0f} s", flush=True)
+        base = {label: common.solve_time(results[f"ours, {label} cache"]["reach_s"])[0]
+                for label in ("cold", "warm")}
+        for label, r in results.items():
+            final = np.asarray(r["final"], dtype=np.float64)
+            solve_s, reached = common.solve_time(r["reach_s"])
+            median = np.median([t if t is not None else np.inf for t in r["reach_s"]])
+            ratios = [f"{solve_s / base[k]:.1f}x" if solve_s and base[k] else "n/a"
+                      for k in ("cold", "warm")]
+            rows.append([label, env_id, len(final), f"{r.get('steps', steps):,}",
+                         f"{threshold:g}",
+                         common.with_ci(final, spec=".1f"), f"{final.min():.1f}",
+                         f"{median:.1f}" if np.isfinite(median) else "not reached",
+                         f"{solve_s:.1f}" if solve_s else f"{reached}/{len(final)} reached",
+                         *ratios, f"{r['wall_s']:.1f}", r["note"]])
+            bars[(env_id, label)] = (solve_s, r["wall_s"], reached, len(final))
+    headers = ["implementation", "env", "seeds", "steps/seed", "threshold",
+               "final return, mean [95% CI]", "worst seed", "median seed reached it by (s)",
+               "every seed reached it by (s)", "every seed: vs ours cold",
+               "every seed: vs ours warm", "wall s (all seeds)", "how it ran"]
+    text = [f"## Reference implementations: PPO, {seeds} seeds each, {steps:,} steps per seed",
+            "Each implementation's seeds use the whole machine, 2 cores: ours and rejax one "
+            "process (pmap over the cores x vmap over the seeds), SB3 two processes (one torch "
+            "thread each) training their seeds in turn. Reached by: seconds from the launch of "
+            "the first process until a seed's score first reached the threshold (the median "
+            "seed, and every seed), so these compare whole-machine times to solve all seeds. "
+            "Scores: ours, the mean return of the episodes finished in an update; SB3, in a "
+            "rollout; rejax, its own evaluation (16 episodes of the stochastic policy at 20 "
+            "points of the run). Final return: the mean episode return over the last 5% of the "
+            "budget (rejax: its last evaluation). Settings: ours, the defaults; rejax, its tuned "
+            "gymnax configuration (configs/gymnax in its repository); SB3, RL-Zoo's tuned "
+            "hyperparameters. Ratios: every-seed time over ours (cold or warm cache)."]
     if rows:
-        text += "\n\n" + common.md_table(headers, rows)
-    return text + ("\n\n" + "\n".join(lines) if lines else "")
+        text.append(common.md_table(headers, rows))
+        plot = plot_bars(bars)
+        text.append(f"![time to solve, ours against the peers]({plot.name})")
+    return "\n\n".join(text + (["\n".join(lines)] if lines else []))
+
+
+def plot_bars(bars: dict) -> Path:
+    """Seconds until every seed reached the threshold, per environment and implementation; a
+    hatched bar is the whole run's time where not every seed reached it."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    envs = list(dict.fromkeys(env for env, _ in bars))
+    labels = list(dict.fromkeys(label for _, label in bars))
+    fig, ax = plt.subplots(figsize=(7, 4))
+    width = 0.8 / len(labels)
+    for i, label in enumerate(labels):
+        for j, env_id in enumerate(envs):
+            if (env_id, label) not in bars:
+                continue
+            solve_s, wall_s, reached, seeds = bars[(env_id, label)]
+            x = j + (i - (len(labels) - 1) / 2) * width
+            ax.bar(x, solve_s or wall_s, width, color=f"C{i}", hatch=None if solve_s else "//",
+                   label=label if j == 0 else None, edgecolor="black", linewidth=0.5)
+            ax.text(x, solve_s or wall_s, f"{solve_s:.0f}" if solve_s else f"{reached}/{seeds}",
+                    ha="center", va="bottom", fontsize=8)
+    ax.set_xticks(range(len(envs)), envs)
+    ax.set_yscale("log")
+    ax.set_ylabel("seconds until every seed reached the threshold")
+    ax.set_title("PPO, time to solve all seeds (hatched: not all reached; whole run shown)",
+                 fontsize=10)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    common.RESULTS.mkdir(parents=True, exist_ok=True)
+    path = common.RESULTS / "peers_time_to_solve.png"
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
 
 
 if __name__ == "__main__":

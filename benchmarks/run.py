@@ -1,44 +1,74 @@
 """Reproduce every benchmark table the README shows, with one command.
 
-    python benchmarks/run.py            # the full run (about an hour on 2 cores)
-    python benchmarks/run.py --quick    # a few minutes: same tables, tiny budgets
-    python benchmarks/run.py --only ppo,vpg,q_learning,is_eval
-    python benchmarks/run.py --peers    # add the reference implementations (own requirements)
+    python benchmarks/run.py            # the full run: under 25 minutes on 2 cores (budget below)
+    python benchmarks/run.py --peers    # and rejax / SB3 beside ours (about 15 minutes more;
+                                        # their own environment: see benchmarks/peers.py)
+    python benchmarks/run.py --quick    # the pipeline on tiny budgets, under a minute
+    python benchmarks/run.py --only commands,q_learning
     python benchmarks/run.py --only envs  # every gymnax env, PPO and VPG beside a random policy
 
-Writes RESULTS.md (all tables, machine header first) and the PNGs into --out
-(default benchmarks/results/). A full run into the default folder also refreshes the block of
-README.md between the results markers, so the README always shows the latest full results.
-The envs section (well over an hour on 2 cores) runs only when --only names it, and writes its
-table to ENVS.md in the same folder, never to RESULTS.md nor the README."""
+Writes RESULTS.md (all tables, machine header and load averages first, the time of every section
+last) and the PNGs into --out (default benchmarks/results/). A full run into the default folder
+also refreshes the block of README.md between the results markers, so the README always shows the
+latest full results. Run it alone on the machine: numbers from a loaded machine go in no table.
+Every workload runs in its own process (common.run_worker). The envs section (well over an hour
+on 2 cores) runs only when --only names it, and writes ENVS.md, never RESULTS.md nor the README.
+
+Time budget of the full run on 2 cores, in seconds (estimated from measurements on a quiet
+machine; RESULTS.md ends with each section's real time):
+
+    section     processes  est. s  what, and where the estimate comes from
+    commands        11      190    5 commands x 8 seeds, cold + warm (ppo.py: 17 s cold, 14 s
+                                   warm; the others alike or less); progress callbacks ~35 s
+    robustness       6      660    6 commands x 64 seeds (4 of them: 287 s together; ppo ~70 s;
+                                   ppo.py --num-envs 2048 ~4.5 s per seed: ~300 s)
+    q_learning      10      100    a process per agent count: ~6 s start and compile + 4 runs
+    is_eval          7      220    is_eval.py as typed ~100 s, in-sample sweep ~60 s, speed ~60 s
+    total           34     1170    under 25 minutes (1500 s), with room for a slower machine
+
+Nothing is trained twice: the robustness sweeps are the learning curves, the commands table's
+PPO processes are the peers table's "ours". Steady-state rates are medians of 3 after a warm-up.
+"""
 import argparse
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common  # noqa: E402
 
-SECTIONS = {  # selector -> (module, the algorithms it covers)
-    "rl": ("bench_rl", ("ppo", "vpg")),
-    "q_learning": ("bench_q_learning", ("q_learning",)),
-    "is_eval": ("bench_is_eval", ("is_eval",)),
-    "envs": ("bench_envs", ("envs",)),
+SECTIONS = {  # selector -> module (in the order of RESULTS.md)
+    "commands": "bench_cli",
+    "robustness": "robustness",
+    "q_learning": "bench_q_learning",
+    "is_eval": "bench_is_eval",
+    "envs": "bench_envs",
 }
-ALL = ("ppo", "vpg", "q_learning", "is_eval")  # the default run
+ALL = ("commands", "robustness", "q_learning", "is_eval")  # the default run
+QUICK_COST = {"commands": 2, "robustness": 3, "q_learning": 1, "is_eval": 4}  # relative, --quick
 OPTIONAL = ("envs",)  # run only when --only names them; written to <NAME>.md
 README_START, README_END = "<!-- results:start -->", "<!-- results:end -->"
 
 
+def run_section(name: str, quick: bool) -> tuple[str, float]:
+    print(f"running {name} ({SECTIONS[name]}.py) ...", flush=True)
+    t0 = time.time()
+    text = __import__(SECTIONS[name]).run(quick)
+    print(f"{name}: {time.time() - t0:.0f} s", flush=True)
+    return text, time.time() - t0
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="tiny budgets: checks the pipeline")
+    parser.add_argument("--quick", action="store_true",
+                        help="tiny budgets, sections two at a time: checks the pipeline")
     parser.add_argument("--only", default=",".join(ALL),
                         help=f"comma list out of {','.join(ALL + OPTIONAL)}")
     parser.add_argument("--peers", action="store_true",
-                        help="also run reference implementations "
-                             "(benchmarks/requirements-peers.txt)")
-    parser.add_argument("--out", type=Path, default=common.RESULTS, help="output folder")
+                        help="also run rejax and SB3 PPO (benchmarks/requirements-peers.txt)")
+    parser.add_argument("--out", type=Path, default=common.RESULTS,
+                        help="output folder (default benchmarks/results, --quick: its quick/)")
     opts = parser.parse_args(argv)
     selected = [name.strip() for name in opts.only.split(",") if name.strip()]
     unknown = sorted(set(selected) - set(ALL + OPTIONAL))
@@ -48,48 +78,63 @@ def main(argv=None):
 
     opts.out.mkdir(parents=True, exist_ok=True)
     common.RESULTS = opts.out
-    t0 = time.time()
+    t0, load_start = time.time(), common.load_average()
     mode = ("quick (tiny budgets: numbers check the pipeline, not the algorithms)" if opts.quick
             else "full")
     only = "" if opts.only == ",".join(ALL) else f" --only {opts.only}"
+    command = (f"python benchmarks/run.py{' --quick' if opts.quick else ''}{only}"
+               f"{' --peers' if opts.peers else ''}")
     header = [common.machine_header(),
-              f"Produced by `python benchmarks/run.py{' --quick' if opts.quick else ''}{only}"
-              f"{' --peers' if opts.peers else ''}` ({mode}), {time.strftime('%Y-%m-%d')}."]
+              f"Produced by `{command}` ({mode}), {time.strftime('%Y-%m-%d')}."]
     for name in OPTIONAL:
         if name in selected:
-            module_name = SECTIONS[name][0]
-            print(f"running {module_name} ...", flush=True)
-            t_section = time.time()
-            text = "\n\n".join([*header, __import__(module_name).run(opts.quick),
-                                 f"Section time: {time.time() - t_section:.0f} s."]) + "\n"
-            (opts.out / f"{name.upper()}.md").write_text(text)
+            text, seconds = run_section(name, opts.quick)
+            (opts.out / f"{name.upper()}.md").write_text("\n\n".join(
+                [*header, text, f"Section time: {seconds:.0f} s."]) + "\n")
             print(text)
-    if not set(selected) & set(ALL):
+    chosen = [name for name in ALL if name in selected]
+    if not chosen:
         return
-    parts = ["# Benchmark results", *header]
-    for module_name, algos in SECTIONS.values():
-        chosen = [a for a in algos if a in selected and a in ALL]
-        if not chosen:
-            continue
-        print(f"running {module_name} for {', '.join(chosen)} ...", flush=True)
-        module = __import__(module_name)
-        text = (module.run(opts.quick, chosen) if module_name == "bench_rl"
-                else module.run(opts.quick))
-        parts.append(text)
+    # --quick: two sections at a time, the longest first (its times mean nothing); the full
+    # run: one at a time.
+    order = sorted(chosen, key=lambda name: -QUICK_COST[name]) if opts.quick else chosen
+    with ThreadPoolExecutor(max_workers=2 if opts.quick else 1) as pool:
+        done = dict(zip(order, pool.map(lambda name: run_section(name, opts.quick), order)))
+    done = {name: done[name] for name in chosen}
+    times = {name: seconds for name, (_, seconds) in done.items()}
+    measured_s = time.time() - t0
     if opts.peers:
         import peers
-        parts.append(peers.run(opts.quick, selected))
-    parts.append(f"Total benchmark time: {time.time() - t0:.0f} s.")
+        started = time.time()
+        done["peers"] = (peers.run(opts.quick), time.time() - started)
+        times["peers (--peers)"] = done["peers"][1]
+    rows = [[name, f"{seconds:.0f}"] for name, seconds in times.items()]
+    rows.append(["**total" + (" without peers**" if opts.peers else "**"), f"**{measured_s:.0f}**"])
+    if opts.peers:
+        rows.append(["total with peers", f"{time.time() - t0:.0f}"])
+    parts = ["# Benchmark results", *header,
+             f"Load average (1, 5, 15 min) at the start: {load_start}; at the end: "
+             f"{common.load_average()}.",
+             *(text for text, _ in done.values()),
+             "## Time of each section" + (" (sections ran two at a time)" if opts.quick else ""),
+             common.md_table(["section", "seconds"], rows),
+             f"Total benchmark time: {measured_s:.0f} s"
+             + (f" ({time.time() - t0:.0f} s with the peers)." if opts.peers else ".")]
     report = "\n\n".join(parts) + "\n"
-    (opts.out / "RESULTS.md").write_text(report)
+    # RESULTS.md holds a run of every default section; a run of some of them writes beside it.
+    name = "RESULTS.md" if only == "" else f"RESULTS-{'-'.join(chosen)}.md"
+    (opts.out / name).write_text(report)
     print(report)
-    if not opts.quick and opts.out.resolve() == (common.ROOT / "benchmarks" / "results").resolve():
+    default_out = (common.ROOT / "benchmarks" / "results").resolve()
+    if not opts.quick and only == "" and opts.out.resolve() == default_out:
         update_readme(report)
 
 
 def readme_block(report: str) -> str:
-    """RESULTS.md as the README shows it: no title, image links relative to the repository root."""
-    return report.replace("](", "](benchmarks/results/").replace("# Benchmark results\n\n", "")
+    """RESULTS.md as the README shows it: no title, headings one level down (under the README's
+    Benchmarks section), image links relative to the repository root."""
+    lines = report.replace("](", "](benchmarks/results/").splitlines()[2:]  # no title
+    return "\n".join("#" + line if line.startswith("#") else line for line in lines) + "\n"
 
 
 def update_readme(report: str):

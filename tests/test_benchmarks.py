@@ -2,9 +2,9 @@
 import subprocess
 import sys
 
-from conftest import ROOT
+import numpy as np
 
-QUICK_SECTION = "q_learning"  # the cheapest section; the others share the same pipeline
+from conftest import ROOT
 
 
 def parse_tables(markdown):
@@ -24,16 +24,28 @@ def parse_tables(markdown):
 
 
 def test_quick_run_writes_tables_and_plots(tmp_path):
+    """`run.py --quick`: every default section on tiny budgets (under a minute on 2 idle cores)."""
     proc = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "run.py"), "--quick", "--only", QUICK_SECTION,
-         "--out", str(tmp_path)],
-        cwd=ROOT, capture_output=True, text=True, timeout=300)
+        [sys.executable, str(ROOT / "benchmarks" / "run.py"), "--quick", "--out", str(tmp_path)],
+        cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = (tmp_path / "RESULTS.md").read_text()
     assert report.splitlines()[2].startswith("Machine: ")
     tables = parse_tables(report)
-    assert tables
-    assert list(tmp_path.glob("*.png"))
+    sections = [row[0] for row in tables[-1][1:]]
+    assert sections == ["commands", "robustness", "q_learning", "is_eval", "**total**"]
+    assert {p.name for p in tmp_path.glob("*.png")} == {
+        "learning_curves.png", "q_learning_speed.png", "is_eval_mse_vs_n.png"}
+
+
+def test_time_to_threshold_is_the_first_update_that_reaches_it():
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import common
+
+    score = [[np.nan, 400, 480, 300], [np.nan, np.nan, 100, 200], [500, 500, 500, 500]]
+    assert common.reach_fraction(score, 475).tolist() == [0.75, 0.0, 0.25]
+    assert common.solve_time([3.0, 7.5]) == (7.5, 2)
+    assert common.solve_time([3.0, None]) == (None, 1)
 
 
 def test_unknown_section_is_a_usage_error(tmp_path):
