@@ -8,11 +8,10 @@ Each command runs as `python algos/<file> ... --num-seeds 8 --no-track` in a fre
 chooses itself (one per core). "cold": an empty compilation-cache directory, so the process
 compiles; "warm": the same directory again, filled by the cold run (a user's second run). Time to
 solve: from the process's launch until every seed's per-update score had reached the command's
-threshold (common.COMMANDS). One process per row: whole-process times of the same command vary
-by about a second between runs, less than the cold/warm difference they show.
+threshold (common.COMMANDS). One process per row: a single measurement each, not a median.
 
-Also the cost of the in-jit progress callbacks: the same command trained with and without them in
-one process (the compiles come from a cache after the first of each), median of 3 runs each."""
+Also the cost of the in-jit progress callbacks: `ppo.py --num-seeds 8` trained twice with them and
+twice without in one process (the second compile of each comes from the cache)."""
 from __future__ import annotations
 
 import sys
@@ -27,13 +26,13 @@ import common  # noqa: E402
 SEEDS = 8
 NAMES = ("ppo", "ppo_pendulum", "vpg", "vpg_pendulum", "q_learning")  # of common.COMMANDS
 QUICK = {"q_learning": ["--num-seeds", "2", "--total-timesteps", "2000"]}
-PROGRESS = ("ppo", ["--num-seeds", str(SEEDS), "--total-timesteps", "100000"])  # not in --quick
+PROGRESS = ("ppo", ["--num-seeds", str(SEEDS)], 2)  # command, flags, runs of each; not --quick
 LAST = {}  # name -> {"cold": result, "warm": result} of the latest run() (peers.py reads it)
 
 
 def progress_worker(config: dict) -> dict:
-    """Run one command 3 times with the progress callbacks, then 3 times without (every
-    jax.debug.callback made a no-op before tracing): the run_s of each."""
+    """Run one command config["runs"] times with the progress callbacks, then as many times
+    without (every jax.debug.callback made a no-op before tracing): the run_s of each."""
     import jax
 
     flags = [*config["flags"], "--no-track", "--compile-cache-dir", config["cache"]]
@@ -42,19 +41,19 @@ def progress_worker(config: dict) -> dict:
         if label == "without":
             jax.debug.callback = lambda *a, **k: None
         times[label] = [common.run_as_typed(config["file"], flags)["timing"]["run_s"]
-                        for _ in range(3)]
+                        for _ in range(config["runs"])]
     return times
 
 
 def progress_overhead() -> str:
-    file, flags = PROGRESS
+    file, flags, runs = PROGRESS
     with tempfile.TemporaryDirectory() as cache:
-        r = common.run_worker(Path(__file__), {"file": file, "flags": flags, "cache": cache},
-                              as_user=True)
+        r = common.run_worker(Path(__file__), {"file": file, "flags": flags, "cache": cache,
+                                               "runs": runs}, as_user=True)
     a, b = float(np.median(r["with"])), float(np.median(r["without"]))
-    return (f"Progress callbacks (`{file}.py {' '.join(flags)}`, one process): run "
-            f"{a:.2f} s with, {b:.2f} s without (medians of 3): overhead "
-            f"{100 * (a - b) / b:+.1f}%.")
+    return (f"Progress callbacks (`{file}.py {' '.join(flags)}`, {runs} runs with them and "
+            f"{runs} without, one process): run {a:.2f} s with, {b:.2f} s without (medians): "
+            f"overhead {100 * (a - b) / b:+.1f}%.")
 
 
 def row(result: dict, label: str, threshold: float) -> list:
@@ -88,7 +87,8 @@ def run(quick: bool = False) -> str:
                "final score, mean [95% CI]", "worst seed"]
     return "\n\n".join([
         "## The commands as typed: whole-process time and time to solve, cold and warm cache",
-        "`python algos/<file> ... --no-track`, one fresh process per row, on the devices the "
+        "`python algos/<file> ... --no-track`, one fresh process per row (a single "
+        "measurement each, not a median), on the devices the "
         "file picks (one per core). cold: an empty compilation cache; warm: the cache the cold "
         "run filled (a second run of the same command). Whole process: from launch to exit. "
         "Thresholds and scores as in the robustness table (CartPole-v1 475; Pendulum-v1 -250 "

@@ -296,6 +296,12 @@ def plot_bars(bars: dict) -> Path:
                     ha="center", va="bottom", fontsize=8)
     ax.set_xticks(range(len(envs)), envs)
     ax.set_yscale("log")
+    heights = [solve_s or wall_s for solve_s, wall_s, _, _ in bars.values()]
+    ax.set_ylim(min(heights) / 2, max(heights) * 2)
+    ticks = [t for t in (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000)
+             if min(heights) / 2 <= t <= max(heights) * 2]
+    ax.set_yticks(ticks, [f"{t:g}" for t in ticks])
+    ax.minorticks_off()
     ax.set_ylabel("seconds until every seed reached the threshold")
     ax.set_title("PPO, time to solve all seeds (hatched: not all reached; whole run shown)",
                  fontsize=10)
