@@ -18,7 +18,8 @@ first process until every seed's score had reached the threshold:
   thread each (one per core), each training 4 seeds in turn; score: the mean return of the
   episodes finished in a rollout (as ours: in an update).
 Final return: the mean episode return over the last 5% of the budget (rejax: its last evaluation).
-SB3 takes about 2 minutes per seed and environment on one core: the peers add ~15 minutes.
+SB3 trains a seed in ~80 s (CartPole-v1) and ~140 s (Pendulum-v1) on one core, so 8 seeds of
+both on 2 cores take ~15 minutes; with rejax, --peers adds about 17 minutes.
 """
 import os
 import subprocess

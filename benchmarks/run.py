@@ -1,7 +1,7 @@
 """Reproduce every benchmark table the README shows, with one command.
 
     python benchmarks/run.py            # the full run: under 25 minutes on 2 cores (budget below)
-    python benchmarks/run.py --peers    # and rejax / SB3 beside ours (about 15 minutes more;
+    python benchmarks/run.py --peers    # and rejax / SB3 beside ours (about 17 minutes more;
                                         # their own environment: see benchmarks/peers.py)
     python benchmarks/run.py --quick    # the pipeline on tiny budgets, under a minute
     python benchmarks/run.py --only commands,q_learning
