@@ -169,10 +169,6 @@ def validate(args: Args) -> Args:
     if args.total_timesteps < args.num_steps:
         raise ArgError(f"--total-timesteps {args.total_timesteps} is less than one update "
                        f"(--num-steps {args.num_steps})")
-    runs, processes = len(grid(args)) * args.num_seeds, jax.process_count()
-    if runs % processes:
-        raise ArgError(f"{runs} runs (configurations x seeds) do not split over {processes} "
-                       "processes (--distributed)")
     if args.env_id == "FrozenLake-misc":
         return args
     rows, cols = args.grid_size
@@ -508,28 +504,33 @@ JOIN_TIMEOUT_S = 60  # --distributed: a process that has not joined the others b
 
 
 def start_processes(args: Args):
-    """--distributed (implied by its three flags): join the other processes with jax.distributed
-    before anything starts JAX's backend. Without an address JAX detects the cluster."""
+    """--distributed (implied by its three flags): join the other processes (jax.distributed) and
+    check that the runs split evenly over them. Without an address JAX detects the cluster."""
     if not (args.distributed or args.coordinator_address or args.num_processes
             or args.process_id is not None):
         return
     host, _, port = (args.coordinator_address or "").rpartition(":")
     deadline = time.time() + JOIN_TIMEOUT_S
-    while args.process_id:  # not process 0: wait until it answers, rather than abort later
-        try:
-            socket.create_connection((host, int(port)), timeout=1).close()
+    while host and 0 < (args.process_id or 0) < (args.num_processes or 0):  # process 0 up yet?
+        try:  # JAX itself would abort the process once its timeout has passed
+            socket.create_connection((host, port), timeout=1).close()
             break
         except OSError:
             if time.time() > deadline:
                 raise ArgError(f"--coordinator-address {args.coordinator_address}: nothing "
                                f"answered within {JOIN_TIMEOUT_S} s") from None
             time.sleep(1)
+    # (validate did not start JAX's backend: nothing of the environments or checks runs in JAX)
     jax.config.update("jax_cpu_collectives_implementation", "gloo")  # collectives on CPU
     try:
         jax.distributed.initialize(args.coordinator_address, args.num_processes, args.process_id,
                                    initialization_timeout=JOIN_TIMEOUT_S)
     except ValueError as e:  # JAX's own checks: no address or count given or found, id range
         raise ArgError(f"--distributed: {e}") from None
+    runs, processes = len(grid(args)) * args.num_seeds, jax.process_count()
+    if runs % processes:
+        raise ArgError(f"{runs} runs (configurations x seeds) do not split over {processes} "
+                       "processes")
 
 
 def run(args: Args, num_devices: Optional[int] = None):
@@ -593,11 +594,11 @@ class Progress:
         sps = steps * self.runs / max(time.perf_counter() - self.t_start, 1e-9)
         self.lines.append((steps, sps))
         line = f"return {np.mean(returns):6.3f}" if len(returns) else "no episode finished yet"
-        total, runs = self.args.total_timesteps * self.args.num_agents, len(reports)
+        total = self.args.total_timesteps * self.args.num_agents
+        runs = "seeds" if self.runs == self.args.num_seeds and jax.process_count() == 1 else "runs"
         print(f"[{self.args.exp_name}] steps {steps:>12,} / {total:,}  {line}  greedy optimal "
-              f"{np.mean(optimal):6.1%}  q_error {np.mean(errors):.2e} (mean of {runs} "
-              f"{'seeds' if self.runs == self.args.num_seeds else 'runs'})  SPS {sps:,.0f}",
-              flush=True)
+              f"{np.mean(optimal):6.1%}  q_error {np.mean(errors):.2e} (mean of {len(reports)} "
+              f"{runs})  SPS {sps:,.0f}", flush=True)
 
 
 PROGRESS = Progress()
@@ -708,9 +709,8 @@ def summary(args: Args, metrics, timing) -> str:
 def main():
     try:
         check_one_value_flags(sys.argv[1:])  # before tyro, which would blame the value
-        args = tyro.cli(Args, description=__doc__.split("\n\n")[0])
-        start_processes(args)  # before validate, whose jax.process_count() starts JAX's backend
-        args = validate(args)
+        args = validate(tyro.cli(Args, description=__doc__.split("\n\n")[0]))
+        start_processes(args)
     except ArgError as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
