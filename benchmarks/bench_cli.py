@@ -10,8 +10,8 @@ compiles; "warm": the same directory again, filled by the cold run (a user's sec
 solve: from the process's launch until every seed's per-update score had reached the command's
 threshold (common.COMMANDS). One process per row: a single measurement each, not a median.
 
-Also the cost of the in-jit progress callbacks: `ppo.py --num-seeds 8` trained twice with them and
-twice without in one process (the second compile of each comes from the cache)."""
+Also what ppo.py's implementation choices buy (its LLVM -O1 compile, its in-jit progress callbacks):
+`ppo.py --num-seeds 8` trained twice per program, each choice undone in turn, in one process."""
 from __future__ import annotations
 
 import sys
@@ -26,34 +26,51 @@ import common  # noqa: E402
 SEEDS = 8
 NAMES = ("ppo", "ppo_pendulum", "vpg", "vpg_pendulum", "q_learning")  # of common.COMMANDS
 QUICK = {"q_learning": ["--num-seeds", "2", "--total-timesteps", "2000"]}
-PROGRESS = ("ppo", ["--num-seeds", str(SEEDS)], 2)  # command, flags, runs of each; not --quick
+CHOICES = ("ppo", ["--num-seeds", str(SEEDS)], 2)  # command, flags, runs of each; not --quick
+PROGRAMS = {  # the file's implementation choices, each undone in turn (choices_worker)
+    "file": "the file as it is (LLVM -O1, progress callbacks)",
+    "llvm_o2": "XLA's default LLVM optimisation level instead of -O1",
+    "no_progress": "no progress callbacks",
+}
 LAST = {}  # name -> {"cold": result, "warm": result} of the latest run() (peers.py reads it)
 
 
-def progress_worker(config: dict) -> dict:
-    """Run one command config["runs"] times with the progress callbacks, then as many times
-    without (every jax.debug.callback made a no-op before tracing): the run_s of each."""
+def choices_worker(config: dict) -> dict:
+    """One command as typed, config["runs"] times per program of PROGRAMS in turn (one
+    compilation cache: each program's first run compiles, the others load it): compile_s and
+    run_s of each run."""
     import jax
 
+    algo = common.import_algo(config["file"])
+    options, callback = algo.COMPILER_OPTIONS, jax.debug.callback
     flags = [*config["flags"], "--no-track", "--compile-cache-dir", config["cache"]]
-    times = {}
-    for label in ("with", "without"):
-        if label == "without":
-            jax.debug.callback = lambda *a, **k: None
-        times[label] = [common.run_as_typed(config["file"], flags)["timing"]["run_s"]
-                        for _ in range(config["runs"])]
-    return times
+    out = {}
+    for program in PROGRAMS:
+        algo.COMPILER_OPTIONS = {} if program == "llvm_o2" else options
+        jax.debug.callback = (lambda *a, **k: None) if program == "no_progress" else callback
+        timings = [common.run_as_typed(config["file"], flags)["timing"]
+                   for _ in range(config["runs"])]
+        out[program] = {k: [t[k] for t in timings] for k in ("compile_s", "run_s")}
+    return out
 
 
-def progress_overhead() -> str:
-    file, flags, runs = PROGRESS
+def choices_table() -> str:
+    file, flags, runs = CHOICES
     with tempfile.TemporaryDirectory() as cache:
         r = common.run_worker(Path(__file__), {"file": file, "flags": flags, "cache": cache,
                                                "runs": runs}, as_user=True)
-    a, b = float(np.median(r["with"])), float(np.median(r["without"]))
-    return (f"Progress callbacks (`{file}.py {' '.join(flags)}`, {runs} runs with them and "
-            f"{runs} without, one process): run {a:.2f} s with, {b:.2f} s without (medians): "
-            f"overhead {100 * (a - b) / b:+.1f}%.")
+    compile_s = {k: v["compile_s"][0] for k, v in r.items()}
+    run_s = {k: float(np.median(v["run_s"])) for k, v in r.items()}
+    rows = [[label, f"{compile_s[k]:.1f}", f"{run_s[k]:.2f}",
+             f"{compile_s[k] / compile_s['file']:.2f}x", f"{run_s[k] / run_s['file']:.2f}x"]
+            for k, label in PROGRAMS.items()]
+    return (f"`{file}.py {' '.join(flags)}`'s implementation choices, each undone in turn (one "
+            f"process, {runs} runs per program: the first compiles, the next load the cache; "
+            "run: median):\n\n" + common.md_table(
+                ["program", "compile s (cold)", "run s", "compile vs the file",
+                 "run vs the file"], rows)
+            + f"\n\nThe progress callbacks cost "
+              f"{100 * (run_s['file'] / run_s['no_progress'] - 1):+.1f}% of the run time.")
 
 
 def row(result: dict, label: str, threshold: float) -> list:
@@ -94,11 +111,11 @@ def run(quick: bool = False) -> str:
         "Thresholds and scores as in the robustness table (CartPole-v1 475; Pendulum-v1 -250 "
         "PPO, -1020 VPG; q_learning greedy_optimal 1.0).",
         common.md_table(headers, rows),
-        *([] if quick else [progress_overhead()]),
+        *([] if quick else [choices_table()]),
     ])
 
 
 if __name__ == "__main__":
-    if not common.worker_entry(progress_worker):
+    if not common.worker_entry(choices_worker):
         print(common.machine_header(), f"load average {common.load_average()}\n", sep="; ")
         print(run(quick="--quick" in sys.argv))
