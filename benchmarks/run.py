@@ -18,15 +18,16 @@ Time budget of the full run on 2 cores, in seconds (estimated from measurements 
 machine; RESULTS.md ends with each section's real time):
 
     section     processes  est. s  what, and where the estimate comes from
-    commands        11      230    5 commands x 8 seeds, cold and warm: ppo.py 17 + 14 s, Pendulum
+    commands        11      260    5 commands x 8 seeds, cold and warm: ppo.py 17 + 14 s, Pendulum
                                    ~50 + 45 s (16 envs x 256 steps x 10 epochs), vpg.py ~30 s,
-                                   VPG Pendulum ~35 s, q_learning ~10 s; progress callbacks ~45 s
+                                   VPG Pendulum ~35 s, q_learning ~10 s; ppo.py's implementation
+                                   choices undone (3 programs x 2 runs of ~7 s + compiles) ~70 s
     robustness       6      660    6 commands x 64 seeds (4 of them: 287 s together; ppo ~70 s;
                                    ppo.py --num-envs 2048 ~4.5 s per seed: ~300 s)
     q_learning      11      125    a process per agent count: ~6 s start and compile + 4 runs;
                                    memory 2 x 8 s; small loops 2 x 12 s; implementation 25 s
     is_eval          7      220    is_eval.py as typed ~100 s, in-sample sweep ~60 s, speed ~60 s
-    total           35     1235    under 25 minutes (1500 s), ~4 minutes to spare
+    total           35     1265    under 25 minutes (1500 s), ~4 minutes to spare
 
 Cold and warm: "cold" figures come from an empty compilation cache (the process compiles), "warm"
 ones from the cache the cold run of the same command filled; every robustness sweep and the
