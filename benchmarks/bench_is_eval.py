@@ -114,8 +114,8 @@ def python_loop(episodes, horizon: int, gamma=GAMMA) -> dict:
 # ----------------------------------------------------------------------------- workers
 def worker(config: dict) -> dict:
     """One workload in this process: {'first_s', 'median_s', 'episodes_per_s', 'max_rel_diff'}."""
-    if config["kind"] == "sweep":
-        return sweep_worker(config)
+    if config["kind"] in ("sweep", "running_sum"):
+        return (sweep_worker if config["kind"] == "sweep" else running_sum_worker)(config)
     kind, n, horizon, repeats = config["kind"], config["n"], config["horizon"], config["repeats"]
     d = make_data(n, horizon)
     if kind == "python_loop":
@@ -151,6 +151,23 @@ def worker(config: dict) -> dict:
             "best_episodes_per_s": n / min(steady), "max_rel_diff": diff, "timed_rss_mib": rss}
 
 
+def running_sum_worker(config: dict) -> dict:
+    """The per-episode running sum is_eval.py uses (products with two small triangular matrices)
+    against jnp.cumsum and a scan over time, vmapped over N episodes of H steps: median seconds."""
+    import jax
+    import jax.numpy as jnp
+
+    is_eval = common.import_algo("is_eval")
+    x = jax.device_put(make_data(config["n"], config["horizon"])["tlp"])
+    scan = lambda v: jax.lax.scan(lambda c, y: (c + y, c + y), 0.0, v)[1]  # noqa: E731
+    out = {}
+    for name, fn in (("is_eval", is_eval._running_sum), ("cumsum", jnp.cumsum), ("scan", scan)):
+        f = jax.jit(jax.vmap(fn))
+        _, steady = common.time_calls(lambda: jax.block_until_ready(f(x)), config["repeats"])
+        out[name] = float(np.median(steady))
+    return out
+
+
 def sweep_worker(config: dict) -> dict:
     """`python algos/is_eval.py FLAGS` as typed; then bias, variance, MSE and coverage per
     estimator and n of its GridWorld sweep."""
@@ -177,6 +194,16 @@ SPEED = [  # (kind, what it computes)
 NAMES = {"python_loop": "Python loop over episode objects", "numpy_three": "numpy, vectorised",
          "numpy_all": "numpy, vectorised", "jax_all": "is_eval.estimate (JAX, jitted)",
          "jax_bootstrap": "is_eval bootstrap (JAX, jitted)"}
+
+
+def running_sum_line(n: int, horizon: int) -> str:
+    sums = common.run_worker(SCRIPT, {"kind": "running_sum", "n": n, "horizon": horizon,
+                                      "repeats": 5})
+    return (f"The running sum of log-ratios inside (vmapped over {n:,} episodes of {horizon} "
+            f"steps, one process, median of 5 after a warm-up): is_eval's triangular-matrix "
+            f"products {sums['is_eval'] * 1e3:.1f} ms, jnp.cumsum {sums['cumsum'] * 1e3:.1f} ms "
+            f"({sums['cumsum'] / sums['is_eval']:.1f}x), a scan over time "
+            f"{sums['scan'] * 1e3:.1f} ms ({sums['scan'] / sums['is_eval']:.1f}x).")
 
 
 # The sweep as typed (the file's defaults: folds 2, 500 datasets, n = 10 ... 10^4), and the same
@@ -222,6 +249,8 @@ def run(quick: bool) -> str:
         ["implementation", "estimators", "episodes x H", "first call s", "median ms",
          "episodes/s (median)", "episodes/s (best)", "median vs numpy (all)",
          "max rel. diff vs float64", "peak RSS MiB"], rows)
+    if not quick:
+        speed += "\n\n" + running_sum_line(n, horizon)
 
     common.RESULTS.mkdir(parents=True, exist_ok=True)
     plot = common.RESULTS / "is_eval_mse_vs_n.png"
