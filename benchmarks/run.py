@@ -26,8 +26,8 @@ machine; RESULTS.md ends with each section's real time):
                                    ppo.py --num-envs 2048 ~4.5 s per seed: ~300 s)
     q_learning      11      125    a process per agent count: ~6 s start and compile + 4 runs;
                                    memory 2 x 8 s; small loops 2 x 12 s; implementation 25 s
-    is_eval          7      220    is_eval.py as typed ~100 s, in-sample sweep ~60 s, speed ~60 s
-    total           35     1265    under 25 minutes (1500 s), ~4 minutes to spare
+    is_eval          8      230    is_eval.py as typed ~100 s, in-sample sweep ~60 s, speed ~70 s
+    total           36     1275    under 25 minutes (1500 s), ~4 minutes to spare
 
 Cold and warm: "cold" figures come from an empty compilation cache (the process compiles), "warm"
 ones from the cache the cold run of the same command filled; every robustness sweep and the
