@@ -221,12 +221,7 @@ def implementation_table() -> str:
 
 
 def save_plot(rates: dict, numpy_rate: float):
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    common.RESULTS.mkdir(parents=True, exist_ok=True)
-    fig, ax = plt.subplots(figsize=(6, 4))
+    fig, (ax,) = common.new_figure(6, 4)
     agents = sorted(rates)
     ax.loglog(agents, [rates[n] for n in agents], "o-", label="q_learning.py (2 cores)")
     ax.axhline(numpy_rate, color="gray", ls="--", label="plain numpy loop, 1 agent")
@@ -234,11 +229,7 @@ def save_plot(rates: dict, numpy_rate: float):
     ax.set_ylabel("agent-steps per second")
     ax.set_title("Tabular Q-learning throughput")
     ax.legend()
-    fig.tight_layout()
-    path = common.RESULTS / "q_learning_speed.png"
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
+    return common.save_figure(fig, "q_learning_speed.png")
 
 
 if __name__ == "__main__":

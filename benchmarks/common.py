@@ -116,6 +116,23 @@ def bootstrap_band(curves, n_boot: int = 1000, level: float = 0.95, seed: int = 
             np.nanquantile(means, 1.0 - a, axis=0))
 
 
+# ----------------------------------------------------------------------------- figures
+def new_figure(width: float, height: float, panels: int = 1):
+    """A matplotlib Figure (no pyplot: no GUI backend, no global figure to close) and its row of
+    `panels` axes."""
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(width, height), layout="tight")
+    return fig, fig.subplots(1, panels, squeeze=False)[0]
+
+
+def save_figure(fig, name: str) -> Path:
+    """Write the figure as RESULTS/name; returns its path."""
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    fig.savefig(RESULTS / name, dpi=100)
+    return RESULTS / name
+
+
 # ----------------------------------------------------------------------------- timing and memory
 def peak_rss_mib() -> float:
     """Peak resident memory of this process so far (Linux reports KiB)."""

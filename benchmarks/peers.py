@@ -277,13 +277,9 @@ def run(quick: bool = False) -> str:
 def plot_bars(bars: dict) -> Path:
     """Seconds until every seed reached the threshold, per environment and implementation; a
     hatched bar is the whole run's time where not every seed reached it."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     envs = list(dict.fromkeys(env for env, _ in bars))
     labels = list(dict.fromkeys(label for _, label in bars))
-    fig, ax = plt.subplots(figsize=(7, 4))
+    fig, (ax,) = common.new_figure(7, 4)
     width = 0.8 / len(labels)
     for i, label in enumerate(labels):
         for j, env_id in enumerate(envs):
@@ -298,7 +294,7 @@ def plot_bars(bars: dict) -> Path:
     ax.set_xticks(range(len(envs)), envs)
     ax.set_yscale("log")
     heights = [solve_s or wall_s for solve_s, wall_s, _, _ in bars.values()]
-    ax.set_ylim(min(heights) / 2, max(heights) * 2)
+    ax.set_ylim(min(heights) / 2, max(heights) * 8)  # headroom for the legend
     ticks = [t for t in (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000)
              if min(heights) / 2 <= t <= max(heights) * 2]
     ax.set_yticks(ticks, [f"{t:g}" for t in ticks])
@@ -306,13 +302,8 @@ def plot_bars(bars: dict) -> Path:
     ax.set_ylabel("seconds until every seed reached the threshold")
     ax.set_title("PPO, time to solve all seeds (hatched: not all reached; whole run shown)",
                  fontsize=10)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    common.RESULTS.mkdir(parents=True, exist_ok=True)
-    path = common.RESULTS / "peers_time_to_solve.png"
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
+    ax.legend(fontsize=8, loc="upper center", ncols=len(labels))
+    return common.save_figure(fig, "peers_time_to_solve.png")
 
 
 if __name__ == "__main__":

@@ -66,16 +66,12 @@ def rows_for(name: str, result: dict, threshold: float, candidates: bool) -> lis
 
 def plot_curves(results: dict) -> Path | None:
     """One panel per environment of PANELS: mean score over the seeds with its 95% CI band."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     panels = {env: [n for n in names if n in results] for env, names in PANELS.items()}
     panels = {env: names for env, names in panels.items() if names}
     if not panels:
         return None
-    fig, axes = plt.subplots(1, len(panels), figsize=(6 * len(panels), 4), squeeze=False)
-    for ax, (env_id, names) in zip(axes[0], panels.items()):
+    fig, axes = common.new_figure(6 * len(panels), 4, len(panels))
+    for ax, (env_id, names) in zip(axes, panels.items()):
         for name in names:
             r = results[name]
             curves = np.array(r["curves"][0], dtype=np.float64)  # None -> NaN
@@ -95,12 +91,7 @@ def plot_curves(results: dict) -> Path | None:
         ax.set_ylabel("episode return (mean of the episodes finished)")
         ax.set_title(f"{env_id}: mean over seeds, 95% bootstrap CI")
         ax.legend(loc="best")
-    fig.tight_layout()
-    common.RESULTS.mkdir(parents=True, exist_ok=True)
-    path = common.RESULTS / "learning_curves.png"
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
+    return common.save_figure(fig, "learning_curves.png")
 
 
 def run(quick: bool = False, names=None, seeds: int | None = None,
