@@ -1,0 +1,86 @@
+"""Weak scaling of --distributed on this machine: one sweep as 1 process x 2 devices and as
+2 processes x 1 device (127.0.0.1, gloo collectives), whole-process wall time as a user types it.
+
+    python benchmarks/bench_distributed.py [--repeats 3] [--quick]
+
+Both layouts put the same runs on each device, so they compute the same numbers; the difference is
+the price of the distributed path (two interpreters, joining, gathering the results to process 0).
+Each measurement starts with a warm compilation cache of its own layout, so compile time is the
+same small cost on both sides; the cold compile is what both pay on the first run."""
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import common  # noqa: E402
+
+# file -> flags of a sweep (16 runs: 2 configurations x 8 seeds); only q_learning.py has
+# --distributed so far (issue 11: ppo.py and vpg.py are at their line budgets)
+SWEEPS = {
+    "q_learning": ["--learning-rate", "0.1", "0.2", "--num-seeds", "8", "--num-agents", "1024"],
+}
+QUICK = {"q_learning": ["--total-timesteps", "2000"]}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def one_layout(name: str, flags: list[str], processes: int, cache: str) -> float:
+    """Whole-process seconds until every process of the layout has exited."""
+    env = {k: v for k, v in os.environ.items() if k not in common.DEVICE_SETTINGS}
+    env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={2 // processes}"
+    command = [sys.executable, str(common.ALGOS / f"{name}.py"), *flags, "--no-track",
+               "--compile-cache-dir", cache]
+    if processes > 1:
+        command += ["--distributed", "--coordinator-address", f"127.0.0.1:{free_port()}",
+                    "--num-processes", str(processes)]
+    t0 = time.perf_counter()
+    procs = [subprocess.Popen(command + (["--process-id", str(i)] if processes > 1 else []),
+                              env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for i in range(processes)]
+    for proc in procs:
+        _, err = proc.communicate(timeout=1800)
+        if proc.returncode:
+            raise RuntimeError(f"{name} x{processes}: exit {proc.returncode}: {err[-2000:]}")
+    return time.perf_counter() - t0
+
+
+def run(repeats: int, quick: bool) -> str:
+    rows = []
+    for name, flags in SWEEPS.items():
+        flags = flags + (QUICK[name] if quick else [])
+        times = {}
+        for processes in (1, 2):
+            with tempfile.TemporaryDirectory() as cache:
+                one_layout(name, flags, processes, cache)  # fills this layout's cache
+                times[processes] = [one_layout(name, flags, processes, cache)
+                                    for _ in range(repeats)]
+        one, two = statistics.median(times[1]), statistics.median(times[2])
+        rows.append([f"`{name}.py {' '.join(flags)}`", f"{one:.1f}", f"{two:.1f}",
+                     f"{100 * (two / one - 1):+.0f}%",
+                     " / ".join(f"{t:.1f}" for t in times[1] + times[2])])
+    headers = ["sweep", "1 process x 2 devices s", "2 processes x 1 device s", "overhead",
+               "every run (1 process, then 2)"]
+    return (f"### --distributed on one machine: weak scaling (medians of {repeats}, warm cache)"
+            f"\n\n{common.machine_header()}\n\n" + common.md_table(headers, rows))
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--quick", action="store_true", help="tiny budgets: checks the script")
+    opts = parser.parse_args()
+    print(f"load average at the start: {common.load_average()}", flush=True)
+    print(run(opts.repeats, opts.quick))
+    print(f"load average at the end: {common.load_average()}")
