@@ -48,15 +48,16 @@ def solved_by(reach_s) -> str:
 
 
 def rows_for(name: str, result: dict, threshold: float, candidates: bool) -> list:
-    rows = []
-    for config, final, reach_s in zip(result["configs"], result["final"], result["reach_s"]):
+    rows, configs = [], result["configs"]
+    varied = [k for k in configs[0] if len({c[k] for c in configs}) > 1]
+    for config, final, reach_s in zip(configs, result["final"], result["reach_s"]):
         final = np.asarray(final)
         row = [f"`{result['command']}`", f"{result['total_timesteps']:,}", len(final),
                f"{threshold:g}", f"{np.sum(final >= threshold)}/{len(final)}",
                f"{final.min():.4g}", common.with_ci(final, common.iqm),
                common.with_ci(final), solved_by(reach_s)]
         if candidates:
-            row.insert(1, ", ".join(f"{k} {v:g}" for k, v in config.items()))
+            row.insert(1, ", ".join(f"{k} {config[k]:g}" for k in varied))
         else:
             row += [f"{result['process_s']:.1f}", f"{result['compile_s']:.1f}",
                     f"{result['sps']:,.0f}"]
