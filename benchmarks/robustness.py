@@ -31,6 +31,8 @@ CANDIDATES = {
     "ppo": ["--learning-rate", "2e-3", "2.5e-3", "3.5e-3", "--ent-coef", "0", "0.01",
             "--clip-coef", "0.1", "0.2"],
     "ppo_2048": ["--clip-coef", "0.1", "0.2"],
+    "ppo_pendulum": ["--learning-rate", "1e-3", "2e-3", "3e-3", "--clip-coef", "0.2", "0.3"],
+    "vpg_pendulum": ["--learning-rate", "2.5e-3", "5e-3", "1e-2", "--gae-lambda", "0.9", "0.95"],
 }
 # The learning-curve panels: environment -> the commands drawn in it (same budget per seed)
 PANELS = {"CartPole-v1": ("ppo", "vpg"), "Pendulum-v1": ("ppo_pendulum", "vpg_pendulum")}
