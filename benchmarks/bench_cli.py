@@ -59,8 +59,8 @@ def choices_table() -> str:
     with tempfile.TemporaryDirectory() as cache:
         r = common.run_worker(Path(__file__), {"file": file, "flags": flags, "cache": cache,
                                                "runs": runs}, as_user=True)
-    compile_s = {k: v["compile_s"][0] for k, v in r.items()}
-    run_s = {k: float(np.median(v["run_s"])) for k, v in r.items()}
+    compile_s = {k: r[k]["compile_s"][0] for k in PROGRAMS}  # r also holds process_s, ...
+    run_s = {k: float(np.median(r[k]["run_s"])) for k in PROGRAMS}
     rows = [[label, f"{compile_s[k]:.1f}", f"{run_s[k]:.2f}",
              f"{compile_s[k] / compile_s['file']:.2f}x", f"{run_s[k] / run_s['file']:.2f}x"]
             for k, label in PROGRAMS.items()]

@@ -50,6 +50,7 @@ SECTIONS = {  # selector -> module (in the order of RESULTS.md)
     "q_learning": "bench_q_learning",
     "is_eval": "bench_is_eval",
     "envs": "bench_envs",
+    "peers": "peers",  # with --peers, after the others (its own requirements)
 }
 ALL = ("commands", "robustness", "q_learning", "is_eval")  # the default run
 QUICK_COST = {"commands": 2, "robustness": 3, "q_learning": 1, "is_eval": 4}  # relative, --quick
@@ -60,8 +61,11 @@ README_START, README_END = "<!-- results:start -->", "<!-- results:end -->"
 def run_section(name: str, quick: bool) -> tuple[str, float]:
     print(f"running {name} ({SECTIONS[name]}.py) ...", flush=True)
     t0 = time.time()
-    text = __import__(SECTIONS[name]).run(quick)
-    print(f"{name}: {time.time() - t0:.0f} s", flush=True)
+    try:  # a failed section is reported in its place; the others' hours are not lost with it
+        text = __import__(SECTIONS[name]).run(quick)
+    except Exception as e:
+        text = f"**The {name} section failed**: `{type(e).__name__}: {e}`"
+    print(f"{text}\n\n{name}: {time.time() - t0:.0f} s", flush=True)
     return text, time.time() - t0
 
 
@@ -110,9 +114,7 @@ def main(argv=None):
     times = {name: seconds for name, (_, seconds) in done.items()}
     measured_s = time.time() - t0
     if opts.peers:
-        import peers
-        started = time.time()
-        done["peers"] = (peers.run(opts.quick), time.time() - started)
+        done["peers"] = run_section("peers", opts.quick)
         times["peers (--peers)"] = done["peers"][1]
     rows = [[name, f"{seconds:.0f}"] for name, seconds in times.items()]
     rows.append(["**total" + (" without peers**" if opts.peers else "**"), f"**{measured_s:.0f}**"])
