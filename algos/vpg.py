@@ -11,8 +11,8 @@ Run it:
     python algos/vpg.py                          # CartPole-v1, 4 seeds, 300k steps each
     python algos/vpg.py --env-id Pendulum-v1     # continuous actions, 300k steps each
 
-Expect: CartPole-v1 reaches 500 (the maximum) on nearly every seed by 300k steps; Pendulum-v1
-climbs from -1230 (random actions) to -200 .. -550 (mean of 4 seeds) at 300k: slower than PPO.
+Expect (64 seeds, RESULTS.md): CartPole-v1 ends at 500 on 63 of 64 seeds; Pendulum-v1 climbs from
+-1230 (random actions) to a mean of -606, bimodal over seeds (21 of 64 reach -250): below PPO.
 Flags left unset take per-action-kind defaults (ENV_DEFAULTS below) and rules that derive
 the rollout length, minibatch count and budget from --num-envs (see `fill_defaults`).
 """
@@ -440,7 +440,7 @@ def make_train(args: Args):
 
 
 # ============================================================================ 5. seed sweep
-# LLVM at -O1: ~60% of the default compile time, as fast a program (measured; same returns).
+# LLVM at -O1: compiles faster than XLA's default (6.4 vs 7.1 s, RESULTS.md), as fast a program.
 COMPILER_OPTIONS = {"xla_backend_optimization_level": 1}
 CACHE_HITS = []  # of the persistent cache: counted around a compile, to say where it came from
 jax.monitoring.register_event_listener(lambda e, **_: e.endswith("hits") and CACHE_HITS.append(e))
