@@ -56,6 +56,7 @@ ALL = ("commands", "robustness", "q_learning", "is_eval")  # the default run
 QUICK_COST = {"commands": 2, "robustness": 3, "q_learning": 1, "is_eval": 4}  # relative, --quick
 OPTIONAL = ("envs",)  # run only when --only names them; written to <NAME>.md
 README_START, README_END = "<!-- results:start -->", "<!-- results:end -->"
+FAILED = []  # sections that raised: reported in their place, then the run exits non-zero
 
 
 def run_section(name: str, quick: bool) -> tuple[str, float]:
@@ -64,6 +65,7 @@ def run_section(name: str, quick: bool) -> tuple[str, float]:
     try:  # a failed section is reported in its place; the others' hours are not lost with it
         text = __import__(SECTIONS[name]).run(quick)
     except Exception as e:
+        FAILED.append(name)
         text = f"**The {name} section failed**: `{type(e).__name__}: {e}`"
     print(f"{text}\n\n{name}: {time.time() - t0:.0f} s", flush=True)
     return text, time.time() - t0
@@ -134,6 +136,8 @@ def main(argv=None):
     (opts.out / name).write_text(report)
     print(report)
     default_out = (common.ROOT / "benchmarks" / "results").resolve()
+    if FAILED:  # the tables that did run are in the report; the README keeps the last good run
+        sys.exit(f"failed sections: {', '.join(FAILED)} (see {opts.out / name})")
     if not opts.quick and only == "" and opts.out.resolve() == default_out:
         update_readme(report)
 

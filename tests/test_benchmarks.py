@@ -3,6 +3,7 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
 
 from conftest import ROOT
 
@@ -46,6 +47,19 @@ def test_time_to_threshold_is_the_first_update_that_reaches_it():
     assert common.reach_fraction(score, 475).tolist() == [0.75, 0.0, 0.25]
     assert common.solve_time([3.0, 7.5]) == (7.5, 2)
     assert common.solve_time([3.0, None]) == (None, 1)
+
+
+def test_a_failing_section_is_reported_and_fails_the_run(tmp_path, monkeypatch):
+    """A section that raises leaves its error in RESULTS-<sections>.md and exits non-zero."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import run
+
+    monkeypatch.setitem(run.SECTIONS, "q_learning", "no_such_benchmark_module")
+    monkeypatch.setattr(run, "FAILED", [])
+    with pytest.raises(SystemExit, match="failed sections: q_learning"):
+        run.main(["--quick", "--only", "q_learning", "--out", str(tmp_path)])
+    report = (tmp_path / "RESULTS-q_learning.md").read_text()
+    assert "**The q_learning section failed**: `ModuleNotFoundError" in report
 
 
 def test_unknown_section_is_a_usage_error(tmp_path):
