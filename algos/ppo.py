@@ -21,12 +21,14 @@ the rollout length, minibatch count and budget from --num-envs (see `fill_defaul
 
 # ============================================================================ imports
 import dataclasses
+import hashlib
 import itertools
 import json
 import os
+import signal
+import socket
 import sys
 import tempfile
-import threading
 import time
 from functools import partial
 from typing import NamedTuple, Optional
@@ -47,10 +49,13 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import tyro
-from flax.training.train_state import TrainState
 from gymnax.environments import spaces
 from jax.experimental.compilation_cache import compilation_cache
 from scipy.stats import trim_mean
+from tensorboard.compat.proto.event_pb2 import Event, SessionLog
+from tensorboard.compat.proto.summary_pb2 import Summary
+from tensorboard.plugins.text.summary_v2 import text_pb
+from tensorboard.summary.writer.record_writer import RecordWriter
 
 
 # ============================================================================ 1. arguments
@@ -73,6 +78,12 @@ class Args:
     compile_cache_dir: str = os.environ.get("JAX_COMPILATION_CACHE_DIR",
                                             os.path.expanduser("~/.cache/jax"))
     """persistent compilation cache, so a rerun skips most of the compile ("" turns it off)"""
+    resume: Optional[str] = None
+    """RUN_DIR of a stopped run: continue from its checkpoint to the result the uninterrupted run
+    gets (flags that would change the computation must be left out or match)"""
+    num_segments: Optional[int] = None
+    """the run is one compiled program called this many times; after each segment it logs,
+    checkpoints and may stop (default: 10, more for long runs: one per 2^24 env steps)"""
 
     # Algorithm. Fields left at None take a per-environment or derived default (fill_defaults).
     # Flags marked "sweep" take several values: all combinations train in one program (HPARAMS).
@@ -154,6 +165,8 @@ def fill_defaults(args: Args) -> Args:
         num_minibatches=args.num_minibatches or max(  # the largest count <= most dividing it
             d for d in range(1, most + 1) if batch_size % d == 0),
         total_timesteps=args.total_timesteps or budget,
+        num_segments=args.num_segments or max(10, -(-(args.total_timesteps or budget) * len(
+            grid(args)) * args.num_seeds // 2**24)),
         normalize_obs=continuous if args.normalize_obs is None else args.normalize_obs,
         normalize_reward=continuous if args.normalize_reward is None else args.normalize_reward)
 
@@ -183,7 +196,7 @@ def validate(args: Args) -> Args:
     if not isinstance(env.action_space(env_params), (spaces.Discrete, spaces.Box)):
         raise ArgError(f"--env-id {args.env_id!r} has an action space PPO here does not handle")
     for name in ("num_seeds", "num_envs", "num_steps", "num_minibatches", "update_epochs",
-                 "hidden_size", "total_timesteps"):
+                 "hidden_size", "total_timesteps", "num_segments"):
         if getattr(args, name) is not None and getattr(args, name) < 1:
             raise ArgError(f"--{name.replace('_', '-')} must be >= 1 (got {getattr(args, name)})")
     for name, (rule, holds) in HPARAMS.items():
@@ -266,7 +279,9 @@ class Transition(NamedTuple):
 
 
 class RunnerState(NamedTuple):
-    train_state: TrainState
+    """What a run carries from one update to the next, and what a checkpoint holds."""
+    params: dict
+    opt_state: optax.OptState  # the optimiser itself is rebuilt from hp in every program
     env_state: object
     obs: jax.Array           # raw observations of the current step
     obs_stats: RunningStats
@@ -275,7 +290,7 @@ class RunnerState(NamedTuple):
     episode_return: jax.Array     # per env, undiscounted, for reporting
     episode_length: jax.Array
     key: jax.Array
-    hp: dict                 # this run's HPARAMS values (traced)
+    update: jax.Array        # updates done so far
 
 
 def compute_gae(rewards, values, next_values, terminated, truncated, gamma, gae_lambda):
@@ -320,7 +335,9 @@ def loss_fn(params, network, hp, clip_vloss, batch: Transition, advantages, targ
 
 def make_train(args: Args):
     """train(key, hp) -> (final RunnerState, metrics of shape [num_updates]): one run, with its
-    HPARAMS values hp (a dict of scalars) as traced arguments."""
+    HPARAMS values hp (a dict of scalars) as traced arguments, in one program. The same run in
+    pieces, as the command line calls it: train.init(key, hp) -> RunnerState, then
+    train.advance(hp, runner, length, valid) -> (runner, metrics [length]) repeatedly."""
     args = fill_defaults(args)
     env, env_params = gymnax.make(args.env_id)
     action_space = env.action_space(env_params)
@@ -332,7 +349,6 @@ def make_train(args: Args):
     batch_size = args.num_envs * args.num_steps
     minibatch_size = batch_size // args.num_minibatches
     num_updates = args.total_timesteps // batch_size
-    progress_every = max(1, num_updates // 10)
     network = ActorCritic(action_dim, continuous, args.hidden_size)
 
     def make_tx(hp):  # from this run's traced learning rate and gradient clip
@@ -344,11 +360,11 @@ def make_train(args: Args):
     vreset = jax.vmap(env.reset, in_axes=(0, None))
     vstep = jax.vmap(env.step, in_axes=(0, 0, 0, None))
 
-    def env_step(runner: RunnerState, _):
+    def env_step(hp, runner: RunnerState, _):
         obs_stats = runner.obs_stats.update(runner.obs) if args.normalize_obs else runner.obs_stats
         obs = normalize(runner.obs, obs_stats, args.normalize_obs)
         key, k_act, k_env = jax.random.split(runner.key, 3)
-        dist = network.apply(runner.train_state.params, obs, method=ActorCritic.policy)
+        dist = network.apply(runner.params, obs, method=ActorCritic.policy)
         action, log_prob = dist.sample_and_log_prob(seed=k_act)
         env_action = jnp.clip(action, action_space.low, action_space.high) if continuous else action
         next_obs, env_state, reward, terminated, truncated, info = vstep(
@@ -357,7 +373,7 @@ def make_train(args: Args):
         terminated, truncated = terminated.astype(jnp.float32), truncated.astype(jnp.float32)
 
         # Reward scaling divides by the std of the discounted return (as gym's NormalizeReward).
-        discounted_return = runner.discounted_return * runner.hp["gamma"] + reward
+        discounted_return = runner.discounted_return * hp["gamma"] + reward
         return_stats = (runner.return_stats.update(discounted_return[:, None])
                         if args.normalize_reward else runner.return_stats)
         scaled_reward = reward / jnp.sqrt(return_stats.var[0] + 1e-8) if args.normalize_reward \
@@ -368,64 +384,80 @@ def make_train(args: Args):
         transition = Transition(obs, action, log_prob, scaled_reward, final_obs, terminated,
                                 truncated)
         finished = (done.sum(), (episode_return * done).sum(), (episode_length * done).sum())
-        runner = RunnerState(
-            runner.train_state, env_state, as_vectors(next_obs), obs_stats, return_stats,
-            jnp.where(done, 0.0, discounted_return), jnp.where(done, 0.0, episode_return),
-            jnp.where(done, 0, episode_length), key, runner.hp)
+        runner = runner._replace(
+            env_state=env_state, obs=as_vectors(next_obs), obs_stats=obs_stats,
+            return_stats=return_stats, discounted_return=jnp.where(done, 0.0, discounted_return),
+            episode_return=jnp.where(done, 0.0, episode_return),
+            episode_length=jnp.where(done, 0, episode_length), key=key)
         return runner, (transition, finished)
 
-    def update_minibatch(hp, train_state, minibatch):
-        grads, stats = jax.grad(loss_fn, has_aux=True)(
-            train_state.params, network, hp, args.clip_vloss, *minibatch)
-        return train_state.apply_gradients(grads=grads), stats
+    def update_minibatch(hp, tx, carry, minibatch):
+        params, opt_state = carry
+        grads, stats = jax.grad(loss_fn, has_aux=True)(params, network, hp, args.clip_vloss,
+                                                       *minibatch)
+        updates, opt_state = tx.update(grads, opt_state, params)
+        return (optax.apply_updates(params, updates), opt_state), stats
 
-    def update_epoch(hp, carry, _):
-        train_state, batch, key = carry
+    def update_epoch(hp, tx, carry, _):
+        params, opt_state, batch, key = carry
         key, k_perm = jax.random.split(key)
         perm = jax.random.permutation(k_perm, batch_size)
         minibatches = jax.tree.map(
             lambda x: x[perm].reshape(args.num_minibatches, minibatch_size, *x.shape[1:]), batch)
-        train_state, stats = jax.lax.scan(partial(update_minibatch, hp), train_state, minibatches)
-        return (train_state, batch, key), stats
+        (params, opt_state), stats = jax.lax.scan(partial(update_minibatch, hp, tx),
+                                                  (params, opt_state), minibatches)
+        return (params, opt_state, batch, key), stats
 
-    def update_step(runner: RunnerState, update_idx):
-        runner, (traj, finished) = jax.lax.scan(env_step, runner, None, args.num_steps)
-        params = runner.train_state.params
-        values = network.apply(params, traj.obs, method=ActorCritic.value)
-        next_values = network.apply(params, traj.next_obs, method=ActorCritic.value)
+    def update_step(hp, tx, runner: RunnerState):
+        runner, (traj, finished) = jax.lax.scan(partial(env_step, hp), runner, None,
+                                                args.num_steps)
+        values = network.apply(runner.params, traj.obs, method=ActorCritic.value)
+        next_values = network.apply(runner.params, traj.next_obs, method=ActorCritic.value)
         advantages, targets = compute_gae(traj.reward, values, next_values, traj.terminated,
-                                          traj.truncated, runner.hp["gamma"],
-                                          runner.hp["gae_lambda"])
+                                          traj.truncated, hp["gamma"], hp["gae_lambda"])
         flat = lambda x: x.reshape(batch_size, *x.shape[2:])
         batch = jax.tree.map(flat, (traj, advantages, targets, values))
         key, k_epochs = jax.random.split(runner.key)
-        (train_state, _, _), stats = jax.lax.scan(partial(update_epoch, runner.hp),
-                                                  (runner.train_state, batch, k_epochs), None,
-                                                  args.update_epochs)
-        runner = runner._replace(train_state=train_state, key=key)
+        (params, opt_state, _, _), stats = jax.lax.scan(
+            partial(update_epoch, hp, tx), (runner.params, runner.opt_state, batch, k_epochs),
+            None, args.update_epochs)
+        runner = runner._replace(params=params, opt_state=opt_state, key=key,
+                                 update=runner.update + 1)
 
         count, return_sum, length_sum = jax.tree.map(lambda x: x.sum(), finished)
         metrics = {k: v.mean() for k, v in stats.items()}
-        metrics["env_steps"] = (update_idx + 1) * batch_size
+        metrics["env_steps"] = runner.update * batch_size
         metrics["episode_return"] = jnp.where(count > 0, return_sum / count, jnp.nan)
         metrics["episode_length"] = jnp.where(count > 0, length_sum / count, jnp.nan)
-        # update_idx is not batched under vmap, so this cond is a real branch, not a select.
-        jax.lax.cond((update_idx + 1) % progress_every == 0,
-                     lambda: jax.debug.callback(PROGRESS, metrics), lambda: None)
         return runner, metrics
 
-    def train(key, hp):
+    def init(key, hp) -> RunnerState:
         k_init, k_env, k_run = jax.random.split(key, 3)
         params = network.init(k_init, jnp.zeros(obs_shape))
-        train_state = TrainState.create(apply_fn=network.apply, params=params, tx=make_tx(hp))
         obs, env_state = vreset(jax.random.split(k_env, args.num_envs), env_params)
-        runner = RunnerState(
-            train_state, env_state, as_vectors(obs), RunningStats.create(obs_shape),
-            RunningStats.create((1,)), jnp.zeros(args.num_envs), jnp.zeros(args.num_envs),
-            jnp.zeros(args.num_envs, jnp.int32), k_run, hp)
-        runner, metrics = jax.lax.scan(update_step, runner, jnp.arange(num_updates))
-        return runner, metrics
+        return RunnerState(
+            params=params, opt_state=make_tx(hp).init(params), env_state=env_state,
+            obs=as_vectors(obs), obs_stats=RunningStats.create(obs_shape),
+            return_stats=RunningStats.create((1,)), discounted_return=jnp.zeros(args.num_envs),
+            episode_return=jnp.zeros(args.num_envs),
+            episode_length=jnp.zeros(args.num_envs, jnp.int32), key=k_run, update=jnp.int32(0))
 
+    def advance(hp, runner: RunnerState, length: int, valid=None):
+        """`length` updates; with `valid` (traced), only the first `valid` of them run, so that
+        the last, shorter segment of a run is the same program as the others (a branch not taken
+        costs nothing, and its metrics rows are dropped)."""
+        step = partial(update_step, hp, make_tx(hp))
+        if valid is None:
+            return jax.lax.scan(lambda runner, _: step(runner), runner, None, length)
+        skip = lambda runner: (runner, jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype),
+                                                    jax.eval_shape(step, runner)[1]))
+        return jax.lax.scan(lambda runner, i: jax.lax.cond(i < valid, step, skip, runner),
+                            runner, jnp.arange(length))
+
+    def train(key, hp):
+        return advance(hp, init(key, hp), num_updates)
+
+    train.init, train.advance, train.num_updates = init, advance, num_updates
     return train
 
 
@@ -436,14 +468,15 @@ CACHE_HITS = []  # of the persistent cache: counted around a compile, to say whe
 jax.monitoring.register_event_listener(lambda e, **_: e.endswith("hits") and CACHE_HITS.append(e))
 
 
-def run(args: Args, num_devices: Optional[int] = None):
+def segments(args: Args, num_devices: Optional[int] = None, start=None):
     """Train each configuration of grid(args) on args.num_seeds seeds: pmap over the largest
-    number of local devices (at most num_devices) that divides the runs x vmap on each device.
+    number of local devices (at most num_devices) that divides the runs x vmap on each device,
+    in args.num_segments calls of one compiled program (the runner state stays on the devices).
 
     Seed k gets the k-th split of PRNGKey(args.seed) in every configuration, whatever the layout.
-    Returns (final_runner_state, metrics, timing); every leaf has a leading [num_seeds] axis, or
-    [num_configs, num_seeds] for a sweep of several configurations."""
-    args = fill_defaults(args)
+    Yields (runner, metrics, timing) after each segment: the runner as laid out on the devices,
+    [devices, runs per device, ...], and every update's metrics so far as numpy [runs, updates].
+    start: the (state, metrics) of a checkpoint, whose run this continues."""
     configs, seeds = grid(args), args.num_seeds
     runs = len(configs) * seeds
     limit = num_devices or jax.local_device_count()
@@ -452,52 +485,55 @@ def run(args: Args, num_devices: Optional[int] = None):
     hp = {k: jnp.repeat(jnp.array([c[k] for c in configs], jnp.float32), seeds) for k in HPARAMS}
     layout = lambda x: x.reshape(len(devices), runs // len(devices), *x.shape[1:])
     keys, hp = jax.tree.map(layout, (keys, hp))
-    t0 = time.perf_counter()
-    lowered = jax.pmap(jax.vmap(make_train(args)), devices=devices).lower(keys, hp)
-    hits = len(CACHE_HITS)  # a hit from here on is the training program's
-    compiled = lowered.compile(COMPILER_OPTIONS)
+    train = make_train(args)
+    length = -(-train.num_updates // args.num_segments)  # the last segment may run fewer
+    init = jax.pmap(jax.vmap(train.init), devices=devices)
+    advance = jax.pmap(jax.vmap(lambda hp, runner, valid: train.advance(hp, runner, length, valid),
+                                in_axes=(0, 0, None)),
+                       devices=devices, donate_argnums=1)
+    t0, hits = time.perf_counter(), len(CACHE_HITS)  # a hit from here on is training's
+    if start is None:
+        runner, metrics = init.lower(keys, hp).compile(COMPILER_OPTIONS)(keys, hp), None
+    else:  # the checkpoint's leaves are [runs, ...]: the structure comes from init's
+        state, metrics = start
+        runner = jax.tree.map(layout, flax.serialization.from_state_dict(
+            jax.eval_shape(init, keys, hp), state))
+    # `valid` goes to each device (a broadcast argument fails to lower across processes).
+    per_device = lambda valid: np.full(len(devices), valid, np.int32)
+    advance = advance.lower(hp, runner, per_device(length)).compile(COMPILER_OPTIONS)
     compile_s, cached = time.perf_counter() - t0, len(CACHE_HITS) > hits
-    PROGRESS.start(args, runs)
-    state, metrics = jax.block_until_ready(compiled(keys, hp))
-    run_s = time.perf_counter() - PROGRESS.t_start
-    lead = (len(configs), seeds) if len(configs) > 1 else (seeds,)
-    state, metrics = jax.tree.map(lambda x: x.reshape(*lead, *x.shape[2:]), (state, metrics))
-    steps_taken = float(np.sum(metrics["env_steps"][..., -1]))  # every run, whole updates only
-    timing = {"compile_s": compile_s, "run_s": run_s, "sps": steps_taken / run_s,
-              "devices": len(devices), "cached": cached}
-    return state, metrics, timing
+    done = 0 if metrics is None else metrics["env_steps"].shape[1]
+    t_start = time.perf_counter()
+    for first in range(done, train.num_updates, length):
+        valid = min(length, train.num_updates - first)
+        runner, new = advance(hp, runner, per_device(valid))
+        new = {k: np.asarray(v).reshape(runs, length)[:, :valid]
+               for k, v in jax.device_get(new).items()}
+        metrics = new if metrics is None else {k: np.concatenate([metrics[k], new[k]], axis=1)
+                                               for k in new}
+        run_s = time.perf_counter() - t_start
+        timing = {"compile_s": compile_s, "run_s": run_s, "devices": len(devices),
+                  "cached": cached, "sps": runs * (first + valid - done) * args.num_envs
+                  * args.num_steps / run_s}
+        yield runner, metrics, timing
+
+
+def run(args: Args, num_devices: Optional[int] = None):
+    """The whole sweep of segments(): (final runner state, metrics, timing), every leaf with a
+    leading [num_seeds] axis, or [num_configs, num_seeds] for a sweep of several configurations."""
+    args = fill_defaults(args)
+    *_, (runner, metrics, timing) = segments(args, num_devices)
+    lead = (len(grid(args)), args.num_seeds) if len(grid(args)) > 1 else (args.num_seeds,)
+    by_seed = lambda x: np.asarray(x).reshape(*lead, *x.shape[1:])
+    return jax.tree.map(by_seed, flat_runs(runner)), jax.tree.map(by_seed, metrics), timing
+
+
+def flat_runs(runner: RunnerState) -> RunnerState:
+    """numpy leaves [runs, ...] (configuration-major) of a runner laid out on the devices."""
+    return jax.tree.map(lambda x: np.asarray(x).reshape(-1, *x.shape[2:]), jax.device_get(runner))
 
 
 # ============================================================================ 6. logging and output
-class Progress:
-    """Host side of the in-jit progress callback: one line once every run reported an update."""
-
-    def start(self, args: Args, runs: Optional[int] = None):
-        self.args, self.runs, self.pending, self.lines = args, runs or args.num_seeds, {}, []
-        self.t_start = time.perf_counter()
-        self.lock = threading.Lock()  # callbacks arrive on one thread per device
-
-    def __call__(self, metrics):
-        steps = int(metrics["env_steps"])
-        with self.lock:
-            returns = self.pending.setdefault(steps, [])
-            returns.append(float(metrics["episode_return"]))
-            if len(returns) < self.runs:
-                return
-            del self.pending[steps]
-        sps = steps * self.runs / max(time.perf_counter() - self.t_start, 1e-9)
-        self.lines.append((steps, sps))
-        finished = [r for r in returns if np.isfinite(r)]
-        runs = "seeds" if self.runs == self.args.num_seeds else "runs"
-        line = (f"return {np.mean(finished):8.2f} (mean of {len(finished)} {runs})" if finished
-                else "no episode finished yet")
-        print(f"[{self.args.exp_name}] steps {steps:>10,} / {self.args.total_timesteps:,}  "
-              f"{line}  SPS {sps:,.0f}", flush=True)
-
-
-PROGRESS = Progress()
-
-
 def final_returns(metrics, fraction=0.05):
     """Per seed: mean episode_return over the last `fraction` of updates (NaNs ignored)."""
     returns = np.asarray(metrics["episode_return"])
@@ -505,39 +541,119 @@ def final_returns(metrics, fraction=0.05):
     return np.nanmean(returns[:, -tail:], axis=1)
 
 
-def write_tensorboard(run_dir, args: Args, metrics):
-    """Event files written with the tensorboard package alone (no torch, no tensorflow)."""
-    from tensorboard.compat.proto.event_pb2 import Event
-    from tensorboard.compat.proto.summary_pb2 import Summary
-    from tensorboard.plugins.text.summary_v2 import text_pb
-    from tensorboard.summary.writer.event_file_writer import EventFileWriter
-
-    table = "|param|value|\n|-|-|\n" + "\n".join(f"|{k}|{v}|" for k, v in vars(args).items())
-    tags = {"episode_return": "charts/episodic_return", "episode_length": "charts/episodic_length"}
-    for k in range(args.num_seeds):
-        writer = EventFileWriter(os.path.join(run_dir, f"seed_{k}"))
-        writer.add_event(Event(wall_time=time.time(), summary=text_pb("hyperparameters", table)))
-        scalars = [(tags.get(key, key.replace("loss/", "losses/")), values[k, i], step)
-                   for i, step in enumerate(metrics["env_steps"][k])
-                   for key, values in metrics.items() if key != "env_steps"]
-        for tag, value, step in scalars + [("charts/SPS", sps, s) for s, sps in PROGRESS.lines]:
-            if np.isfinite(value):
-                writer.add_event(Event(wall_time=time.time(), step=int(step), summary=Summary(
-                    value=[Summary.Value(tag=tag, simple_value=float(value))])))
-        writer.close()
+def progress(args: Args, metrics, timing) -> str:
+    """The line printed after each segment: steps so far, the last update's return, speed."""
+    last = metrics["episode_return"][:, -1]
+    finished, runs = last[np.isfinite(last)], "seeds" if len(last) == args.num_seeds else "runs"
+    line = (f"return {np.mean(finished):8.2f} (mean of {len(finished)} {runs})" if len(finished)
+            else "no episode finished yet")
+    return (f"[{args.exp_name}] steps {int(metrics['env_steps'][0, -1]):>10,} / "
+            f"{args.total_timesteps:,}  {line}  SPS {timing['sps']:,.0f}")
 
 
-def save_model(run_dir, args: Args, state: RunnerState):
+def config_dirs(run_dir, args: Args) -> list:
+    """(arguments, directory) of each configuration: the run directory, or in a sweep one
+    sub-directory per configuration, named by its values of the swept flags."""
+    return [(dataclasses.replace(args, **{k: (v,) for k, v in config.items()}), os.path.join(
+        run_dir, "__".join(f"{k}={v:g}" for k, v in config.items() if len(getattr(args, k)) > 1)))
+        for config in grid(args)]
+
+
+def append_events(path, events):
+    with open(path, "ab") as f:
+        for event in events:
+            event.wall_time = time.time()
+            RecordWriter(f).write(event.SerializeToString())
+
+
+class Tensorboard:
+    """Event files written with the tensorboard package alone (no torch, no tensorflow): one per
+    run (seed_k), appended after each segment, so that `tensorboard --logdir` shows it live."""
+    TAGS = {"episode_return": "charts/episodic_return", "episode_length": "charts/episodic_length"}
+
+    def __init__(self, run_dir, args: Args, done):  # done: the env_steps already written
+        name = f"events.out.tfevents.{time.time():010.0f}.{socket.gethostname()}.{os.getpid()}"
+        self.paths, self.written = [], done.shape[1]
+        for one, config_dir in config_dirs(run_dir, args):
+            table = "|param|value|\n|-|-|\n" + "\n".join(f"|{k}|{v}|" for k, v in vars(one).items())
+            # A resumed run starts a new file, whose START event makes TensorBoard drop what the
+            # stopped run wrote after its checkpoint: no step appears twice.
+            first = Event(step=int(done[0, -1]) + 1, session_log=SessionLog(
+                status=SessionLog.START)) if done.size else Event(
+                summary=text_pb("hyperparameters", table))
+            for k in range(args.num_seeds):
+                self.paths.append(os.path.join(config_dir, f"seed_{k}", name))
+                os.makedirs(os.path.dirname(self.paths[-1]), exist_ok=True)
+                append_events(self.paths[-1], [Event(file_version="brain.Event:2"), first])
+
+    def write(self, metrics, sps):
+        """Append the updates of `metrics` ([runs, updates so far]) not written yet."""
+        new = {k: v[:, self.written:] for k, v in metrics.items()}
+        self.written = metrics["env_steps"].shape[1]
+        scalar = lambda tag, value, step: Event(step=int(step), summary=Summary(
+            value=[Summary.Value(tag=self.TAGS.get(tag, tag.replace("loss/", "losses/")),
+                                 simple_value=float(value))]))
+        steps = new.pop("env_steps")
+        for r, path in enumerate(self.paths):
+            append_events(path, [scalar(k, v[r, i], step) for i, step in enumerate(steps[r])
+                                 for k, v in new.items() if np.isfinite(v[r, i])]
+                          + [scalar("charts/SPS", sps, steps[r, -1])])
+
+
+def write_atomic(path, data: bytes):
+    """Write to a temporary name beside `path`, then rename it: a reader, or a crash, sees the
+    old file or the new one, never a part of one."""
+    with tempfile.NamedTemporaryFile(dir=os.path.dirname(path), prefix=".tmp.", delete=False) as f:
+        f.write(data)
+        os.fsync(f.fileno())
+    os.replace(f.name, path)
+
+
+def write_checkpoint(run_dir, args: Args, runner: RunnerState, metrics):
+    """Replace run_dir/checkpoint.msgpack: the arguments, every run's RunnerState and the metrics
+    so far, behind their SHA-256, so that a torn or altered file is refused. flax.serialization,
+    as for models: one file, written in milliseconds (orbax's asynchronous machinery, made for
+    sharded models of many GB, buys nothing here)."""
+    data = flax.serialization.msgpack_serialize({
+        "args": json.dumps(dataclasses.asdict(args)), "metrics": metrics,
+        "state": flax.serialization.to_state_dict(flat_runs(runner))})
+    write_atomic(os.path.join(run_dir, "checkpoint.msgpack"), hashlib.sha256(data).digest() + data)
+
+
+# Flags a resumed run may change: they do not change what it computes.
+RESUME_MAY_CHANGE = ("track", "log_dir", "exp_name", "save_model", "compile_cache_dir", "resume")
+
+
+def read_checkpoint(args: Args, argv) -> tuple:
+    """(arguments, checkpoint) of the run that --resume continues: the checkpoint's arguments,
+    where a flag typed on the command line may change only what does not change the results."""
+    try:
+        with open(os.path.join(args.resume, "checkpoint.msgpack"), "rb") as f:
+            digest, data = f.read(32), f.read()
+        if hashlib.sha256(data).digest() != digest:
+            raise ValueError("its checksum does not match: the file is damaged")
+        checkpoint = flax.serialization.msgpack_restore(data)
+    except (OSError, ValueError) as e:
+        raise ArgError(f"--resume {args.resume}: no usable checkpoint ({e})") from None
+    saved, typed = json.loads(checkpoint["args"]), {a.split("=")[0] for a in argv}
+    for k, v in saved.items():
+        if (k not in RESUME_MAY_CHANGE and "--" + k.replace("_", "-") in typed
+                and json.loads(json.dumps(getattr(args, k))) != v):
+            raise ArgError(f"--{k.replace('_', '-')} differs from the checkpoint's {v}: --resume "
+                           "continues the run as it was started")
+    return dataclasses.replace(args, **{k: tuple(v) if isinstance(v, list) else v
+                                        for k, v in saved.items()
+                                        if k not in RESUME_MAY_CHANGE}), checkpoint
+
+
+def save_model(model_dir, args: Args, state: RunnerState):
     """Atomically write every seed's parameters (and normalisation statistics) to model.msgpack."""
-    payload = {"args": json.dumps(dataclasses.asdict(args)),
-               "params": jax.device_get(state.train_state.params),
-               "obs_mean": np.asarray(state.obs_stats.mean),
-               "obs_var": np.asarray(state.obs_stats.var)}
-    os.makedirs(run_dir, exist_ok=True)
-    with tempfile.NamedTemporaryFile(dir=run_dir, prefix=".model.", delete=False) as f:
-        f.write(flax.serialization.msgpack_serialize(payload))
-    os.replace(f.name, os.path.join(run_dir, "model.msgpack"))
-    return os.path.join(run_dir, "model.msgpack")
+    payload = {"args": json.dumps(dataclasses.asdict(args)), "params": state.params,
+               "obs_mean": state.obs_stats.mean, "obs_var": state.obs_stats.var}
+    os.makedirs(model_dir, exist_ok=True)
+    write_atomic(os.path.join(model_dir, "model.msgpack"),
+                 flax.serialization.msgpack_serialize(payload))
+    return os.path.join(model_dir, "model.msgpack")
 
 
 def summary(args: Args, finals, timing) -> str:
@@ -568,32 +684,50 @@ def summary(args: Args, finals, timing) -> str:
 
 
 # ============================================================================ 7. main
+STOP = []  # Ctrl-C was pressed: the run stops at the end of the current segment
+
+
+def stop_after_segment(signum, frame):
+    """The first Ctrl-C lets the segment finish and write its checkpoint; the second, with the
+    default handler back, stops at once."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    STOP.append(signum)
+    print("\nstopping at the end of this segment (Ctrl-C again: at once)", file=sys.stderr)
+
+
 def main():
     try:
         check_one_value_flags(sys.argv[1:])  # before tyro, which would blame the value
         args = validate(tyro.cli(Args, description=__doc__.split("\n\n")[0]))
-    except ArgError as e:
-        print(f"error: {e}", file=sys.stderr)
+        args, checkpoint = read_checkpoint(args, sys.argv[1:]) if args.resume else (args, None)
+        run_dir = args.resume or os.path.join(
+            args.log_dir, f"{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}")
+        os.makedirs(run_dir, exist_ok=True)  # before anything compiles: --log-dir must work
+    except (ArgError, OSError) as e:
+        print(f"error: {e if isinstance(e, ArgError) else f'--log-dir: {e}'}", file=sys.stderr)
         sys.exit(2)
     # The cache is set up at the first compile (importing gymnax runs some): set it up again.
     compilation_cache.set_cache_dir(args.compile_cache_dir or None)
     compilation_cache.reset_cache()
-    state, metrics, timing = run(args)
-    configs, metrics = grid(args), jax.device_get(metrics)
-    if len(configs) == 1:  # a configuration axis in front, as a sweep has
-        state, metrics = jax.tree.map(lambda x: x[None], (state, metrics))
-    pick, start = (lambda tree, c: jax.tree.map(lambda x: x[c], tree)), int(time.time())
-    for c, config in enumerate(configs):  # one run directory each, named by the varied values
-        one = dataclasses.replace(args, **{k: (v,) for k, v in config.items()})
-        varied = "".join(f"__{k}={v:g}" for k, v in config.items() if len(getattr(args, k)) > 1)
-        run_dir = os.path.join(args.log_dir,
-                               f"{args.env_id}__{args.exp_name}__{args.seed}__{start}{varied}")
-        if args.track:
-            write_tensorboard(run_dir, one, pick(metrics, c))
-        if args.save_model:
-            print(f"saved {save_model(run_dir, one, pick(state, c))}")
-    print(summary(args, np.stack([final_returns(pick(metrics, c)) for c in range(len(configs))]),
-                  timing))
+    signal.signal(signal.SIGINT, stop_after_segment)
+    start = checkpoint and (checkpoint["state"], checkpoint["metrics"])
+    board = args.track and Tensorboard(run_dir, args, start[1]["env_steps"] if start
+                                       else np.zeros((1, 0)))
+    for runner, metrics, timing in segments(args, start=start):
+        if board:
+            board.write(metrics, timing["sps"])
+        write_checkpoint(run_dir, args, runner, metrics)
+        print(progress(args, metrics, timing), flush=True)
+        if STOP:
+            print(f"stopped with a checkpoint; continue with: python {sys.argv[0]} --resume "
+                  f"{run_dir}", flush=True)
+            sys.exit(130)
+    state, seeds = flat_runs(runner), args.num_seeds
+    pick = lambda tree, c: jax.tree.map(lambda x: x[c * seeds:(c + 1) * seeds], tree)
+    for c, (one, config_dir) in enumerate(config_dirs(run_dir, args) if args.save_model else []):
+        print(f"saved {save_model(config_dir, one, pick(state, c))}")
+    print(summary(args, np.stack([final_returns(pick(metrics, c))
+                                  for c in range(len(grid(args)))]), timing))
 
 
 if __name__ == "__main__":

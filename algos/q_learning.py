@@ -24,13 +24,14 @@ FrozenLake-misc greedy_optimal is 99-100%, q_error about 0.07.
 
 # ============================================================================ imports
 import dataclasses
+import hashlib
 import itertools
 import json
 import os
+import signal
 import socket
 import sys
 import tempfile
-import threading
 import time
 from functools import partial
 from typing import Callable, NamedTuple, Optional
@@ -44,6 +45,10 @@ from jax.experimental import multihost_utils
 from jax.experimental.compilation_cache import compilation_cache
 from scipy.sparse.csgraph import breadth_first_order
 from scipy.stats import trim_mean
+from tensorboard.compat.proto.event_pb2 import Event, SessionLog
+from tensorboard.compat.proto.summary_pb2 import Summary
+from tensorboard.plugins.text.summary_v2 import text_pb
+from tensorboard.summary.writer.record_writer import RecordWriter
 
 # Process-wide XLA settings, read when JAX starts its backend (its first operation): made on
 # import, unless XLA_FLAGS or jax.config chose. One CPU device per core lets pmap use every core.
@@ -79,6 +84,12 @@ class Args:
     compile_cache_dir: str = os.environ.get("JAX_COMPILATION_CACHE_DIR",
                                             os.path.expanduser("~/.cache/jax"))
     """persistent compilation cache, so a rerun skips most of the compile ("" turns it off)"""
+    resume: Optional[str] = None
+    """RUN_DIR of a stopped run: continue from its checkpoint to the result the uninterrupted run
+    gets (flags that would change the computation must be left out or match)"""
+    num_segments: Optional[int] = None
+    """the run is one compiled program called this many times; after each segment it logs,
+    checkpoints and may stop (default: 10, more for long runs: one per 2^31 agent-steps)"""
     distributed: bool = False
     """one of several processes (jax.distributed): the runs are split over all their devices
     (implied by the next three flags)"""
@@ -159,9 +170,10 @@ def validate(args: Args) -> Args:
     """Check every flag before anything is compiled."""
     if args.env_id not in ENV_IDS:
         raise ArgError(f"--env-id {args.env_id!r} is not one of {', '.join(ENV_IDS)}")
-    counts = ("num_seeds", "num_agents", "num_steps", "total_timesteps", "max_episode_steps")
-    rules = {**dict.fromkeys(counts, (">= 1", lambda x: x >= 1)), **HPARAMS, "slip": UNIT,
-             "exploration_fraction": POSITIVE_UNIT}
+    counts = ("num_seeds", "num_agents", "num_steps", "total_timesteps", "max_episode_steps",
+              "num_segments")
+    rules = {**dict.fromkeys(counts, (">= 1", lambda x: x is None or x >= 1)), **HPARAMS,
+             "slip": UNIT, "exploration_fraction": POSITIVE_UNIT}
     for name, (rule, holds) in rules.items():
         for x in np.atleast_1d(getattr(args, name)):
             if not holds(x):
@@ -169,6 +181,8 @@ def validate(args: Args) -> Args:
     if args.total_timesteps < args.num_steps:
         raise ArgError(f"--total-timesteps {args.total_timesteps} is less than one update "
                        f"(--num-steps {args.num_steps})")
+    args = dataclasses.replace(args, num_segments=args.num_segments or max(10, -(
+        -args.total_timesteps * args.num_agents * args.num_seeds * len(grid(args)) // 2**31)))
     if args.env_id == "FrozenLake-misc":
         return args
     rows, cols = args.grid_size
@@ -379,9 +393,11 @@ class Agents(NamedTuple):
 
 
 class RunnerState(NamedTuple):
+    """What a run carries from one update to the next, and what a checkpoint holds."""
     agents: Agents
     key: jax.Array
     q_star: jax.Array          # [S, A] by value iteration with this run's gamma
+    update: jax.Array          # updates done so far
 
 
 OPTIMAL_TOL = 1e-5  # Q* is in float32: actions within this of the best count as optimal
@@ -400,14 +416,16 @@ def block_size(num_agents: int, bytes_per_agent: int) -> int:
 
 def make_train(args: Args):
     """train(key, hp) -> (final RunnerState, metrics [num_updates]): one run, its HPARAMS values
-    hp as traced scalars. One agent runs ~9x slower unless this module was imported before JAX's
-    first operation (see the small-loop setting under the imports) or XLA_FLAGS sets it."""
+    hp as traced scalars, in one program. The same run in pieces, as the command line calls it:
+    train.init(key, hp) -> RunnerState, then train.advance(hp, runner, length, valid) ->
+    (runner, metrics [length]) repeatedly. One agent runs ~9x slower unless this module was
+    imported before JAX's first operation (see the small-loop setting under the imports) or
+    XLA_FLAGS sets it."""
     env = make_env(args)
     model = env.model
     N = args.num_agents
     num_states, num_actions = model.R.shape
     num_updates = args.total_timesteps // args.num_steps
-    progress_every = max(1, num_updates // 10)
     num_blocks = N // block_size(N, num_states * num_actions * 5)  # float32 q + bool visited
     scored = jnp.asarray(model_reachable(model) & ~model.terminal)  # where greedy_optimal looks
 
@@ -451,42 +469,54 @@ def make_train(args: Args):
                                               t0 + jnp.arange(args.num_steps))
         return t0, (agents, totals)
 
-    def update_step(hp, runner: RunnerState, update_idx):
+    def update_step(hp, runner: RunnerState):
         key, *block_keys = jax.random.split(runner.key, num_blocks + 1)
         blocks = jax.tree.map(lambda x: x.reshape(num_blocks, N // num_blocks, *x.shape[1:]),
                               runner.agents)
-        _, (blocks, totals) = jax.lax.scan(partial(run_block, hp), update_idx * args.num_steps,
+        _, (blocks, totals) = jax.lax.scan(partial(run_block, hp), runner.update * args.num_steps,
                                            (blocks, jnp.stack(block_keys)))
         agents = jax.tree.map(lambda x: x.reshape(N, *x.shape[2:]), blocks)
-        runner = runner._replace(agents=agents, key=key)
+        runner = runner._replace(agents=agents, key=key, update=runner.update + 1)
         optimal = runner.q_star >= runner.q_star.max(-1, keepdims=True) - OPTIMAL_TOL  # [S, A]
         count, return_sum, length_sum, td_sum = (x.sum() for x in totals)
         visited_error = jnp.where(agents.visited, jnp.abs(agents.q - runner.q_star), 0.0)
         greedy = agents.q == agents.q.max(-1, keepdims=True)  # [N, S, A]
         correct = ~(greedy & ~optimal).any(-1) & scored  # [N, S]: every greedy action is optimal
         metrics = {  # env_steps in float32: all agents' steps overflow int32 past 2^31
-            "env_steps": (update_idx + 1).astype(jnp.float32) * (args.num_steps * N),
+            "env_steps": runner.update.astype(jnp.float32) * (args.num_steps * N),
             "episode_return": jnp.where(count > 0, return_sum / count, jnp.nan),
             "episode_length": jnp.where(count > 0, length_sum / count, jnp.nan),
             "stats/td_error": td_sum / (args.num_steps * N),
             "stats/q_error": visited_error.max(axis=(1, 2)).mean(),
             "stats/greedy_optimal": (correct.sum(-1) / scored.sum()).mean(),
         }
-        # update_idx is not batched under vmap, so this cond is a real branch, not a select.
-        jax.lax.cond((update_idx + 1) % progress_every == 0,
-                     lambda: jax.debug.callback(PROGRESS, metrics), lambda: None)
         return runner, metrics
 
-    def train(key, hp):
+    def init(key, hp) -> RunnerState:
         k_env, k_run = jax.random.split(key)
         obs, env_state = env.reset(k_env, N)
         agents = Agents(jnp.zeros((N, num_states, num_actions)),
                         jnp.zeros((N, num_states, num_actions), bool), env_state, obs,
                         jnp.zeros(N), jnp.zeros(N, jnp.int32))
         q_star = value_iteration(model.P, model.R, model.terminal, hp["gamma"])
-        return jax.lax.scan(partial(update_step, hp), RunnerState(agents, k_run, q_star),
-                            jnp.arange(num_updates))
+        return RunnerState(agents, k_run, q_star, jnp.int32(0))
 
+    def advance(hp, runner: RunnerState, length: int, valid=None):
+        """`length` updates; with `valid` (traced), only the first `valid` of them run, so that
+        the last, shorter segment of a run is the same program as the others (a branch not taken
+        costs nothing, and its metrics rows are dropped)."""
+        step = partial(update_step, hp)
+        if valid is None:
+            return jax.lax.scan(lambda runner, _: step(runner), runner, None, length)
+        skip = lambda runner: (runner, jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype),
+                                                    jax.eval_shape(step, runner)[1]))
+        return jax.lax.scan(lambda runner, i: jax.lax.cond(i < valid, step, skip, runner),
+                            runner, jnp.arange(length))
+
+    def train(key, hp):
+        return advance(hp, init(key, hp), num_updates)
+
+    train.init, train.advance, train.num_updates = init, advance, num_updates
     return train
 
 
@@ -533,13 +563,16 @@ def start_processes(args: Args):
                        "processes")
 
 
-def run(args: Args, num_devices: Optional[int] = None):
+def segments(args: Args, num_devices: Optional[int] = None, start=None):
     """Train each configuration of grid(args) on args.num_seeds seeds: pmap over the largest
-    number of local devices (at most num_devices) that divides the runs x vmap on each device.
+    number of local devices (at most num_devices) that divides this process's runs x vmap on
+    each device, in args.num_segments calls of one compiled program (the runner state stays on
+    the devices). With --distributed each process trains its contiguous share of the runs.
 
     Seed k gets the k-th split of PRNGKey(args.seed) in every configuration, whatever the layout.
-    Returns (final_runner_state, metrics, timing); every leaf has a leading [num_seeds] axis, or
-    [num_configs, num_seeds] for a sweep of several configurations."""
+    Yields (runner, metrics, timing) after each segment: this process's runner as laid out on its
+    devices, [devices, runs per device, ...], and every run's metrics so far as numpy
+    [runs, updates]. start: the (state, metrics) of a checkpoint, whose run this continues."""
     configs, seeds = grid(args), args.num_seeds
     runs = len(configs) * seeds
     share = runs // jax.process_count()  # this process's runs (all of them without --distributed)
@@ -550,92 +583,176 @@ def run(args: Args, num_devices: Optional[int] = None):
     hp = {k: jnp.repeat(jnp.array([c[k] for c in configs], jnp.float32), seeds) for k in HPARAMS}
     layout = lambda x: x[mine].reshape(len(devices), share // len(devices), *x.shape[1:])
     keys, hp = jax.tree.map(layout, (keys, hp))
-    t0 = time.perf_counter()
-    lowered = jax.pmap(jax.vmap(make_train(args)), devices=devices).lower(keys, hp)
-    hits = len(CACHE_HITS)  # a hit from here on is the training program's
-    compiled = lowered.compile(COMPILER_OPTIONS)
+    train = make_train(args)
+    length = -(-train.num_updates // args.num_segments)  # the last segment may run fewer
+    init = jax.pmap(jax.vmap(train.init), devices=devices)
+    advance = jax.pmap(jax.vmap(lambda hp, runner, valid: train.advance(hp, runner, length, valid),
+                                in_axes=(0, 0, None)),
+                       devices=devices, donate_argnums=1)
+    t0, hits = time.perf_counter(), len(CACHE_HITS)  # a hit from here on is training's
+    if start is None:
+        runner, metrics = init.lower(keys, hp).compile(COMPILER_OPTIONS)(keys, hp), None
+    else:  # the checkpoint's leaves are [runs, ...]: the structure comes from init's
+        state, metrics = start
+        runner = jax.tree.map(layout, flax.serialization.from_state_dict(
+            jax.eval_shape(init, keys, hp), state))
+    # `valid` goes to each device (a broadcast argument fails to lower across processes).
+    per_device = lambda valid: np.full(len(devices), valid, np.int32)
+    advance = advance.lower(hp, runner, per_device(length)).compile(COMPILER_OPTIONS)
     compile_s, cached = time.perf_counter() - t0, len(CACHE_HITS) > hits
-    PROGRESS.start(args, share)
-    state, metrics = jax.block_until_ready(compiled(keys, hp))
-    run_s = time.perf_counter() - PROGRESS.t_start
-    # Every process's share, in process order (process 0 alone writes them), as numpy arrays.
-    state, metrics = multihost_utils.process_allgather(jax.tree.map(
-        lambda x: x.reshape(share, *x.shape[2:]), (state, metrics)), tiled=True)
-    lead = (len(configs), seeds) if len(configs) > 1 else (seeds,)
-    state, metrics = jax.tree.map(lambda x: x.reshape(*lead, *x.shape[1:]), (state, metrics))
-    steps_taken = float(np.sum(metrics["env_steps"][..., -1]))  # every run and agent
-    timing = {"compile_s": compile_s, "run_s": run_s, "sps": steps_taken / run_s,
-              "devices": len(devices) * jax.process_count(), "cached": cached}
-    return state, metrics, timing
+    done = 0 if metrics is None else metrics["env_steps"].shape[1]
+    t_start = time.perf_counter()
+    for first in range(done, train.num_updates, length):
+        valid = min(length, train.num_updates - first)
+        runner, new = advance(hp, runner, per_device(valid))
+        # Every process's share, in process order (process 0 alone writes them).
+        new = jax.tree.map(lambda x: x[:, :valid], multihost_utils.process_allgather(
+            jax.tree.map(lambda x: x.reshape(share, length), new), tiled=True))
+        metrics = new if metrics is None else {k: np.concatenate([metrics[k], new[k]], axis=1)
+                                               for k in new}
+        run_s = time.perf_counter() - t_start
+        timing = {"compile_s": compile_s, "run_s": run_s, "cached": cached,
+                  "devices": len(devices) * jax.process_count(), "sps": runs * (
+                      first + valid - done) * args.num_steps * args.num_agents / run_s}
+        yield runner, metrics, timing
+
+
+def run(args: Args, num_devices: Optional[int] = None):
+    """The whole sweep of segments(): (final runner state, metrics, timing), every leaf with a
+    leading [num_seeds] axis, or [num_configs, num_seeds] for a sweep of several configurations."""
+    *_, (runner, metrics, timing) = segments(args, num_devices)
+    lead = (len(grid(args)), args.num_seeds) if len(grid(args)) > 1 else (args.num_seeds,)
+    by_seed = lambda x: np.asarray(x).reshape(*lead, *x.shape[1:])
+    return jax.tree.map(by_seed, flat_runs(runner)), jax.tree.map(by_seed, metrics), timing
+
+
+def flat_runs(runner: RunnerState) -> RunnerState:
+    """numpy leaves [runs, ...] (configuration-major) of every process's runs, from this
+    process's runner as laid out on its devices (with --distributed, every process calls it)."""
+    return multihost_utils.process_allgather(
+        jax.tree.map(lambda x: x.reshape(-1, *x.shape[2:]), runner), tiled=True)
 
 
 # ============================================================================ 6. logging and output
-class Progress:
-    """Host side of the in-jit progress callback: one line once every run reported an update."""
-
-    def start(self, args: Args, runs: Optional[int] = None):
-        self.args, self.runs, self.pending, self.lines = args, runs or args.num_seeds, {}, []
-        self.t_start = time.perf_counter()
-        self.lock = threading.Lock()  # callbacks arrive on one thread per device
-
-    def __call__(self, metrics):
-        if jax.process_index() > 0:  # --distributed: process 0 alone reports
-            return
-        steps = int(metrics["env_steps"])
-        with self.lock:
-            reports = self.pending.setdefault(steps, [])
-            reports.append([float(metrics[k]) for k in ("episode_return", "stats/greedy_optimal",
-                                                        "stats/q_error")])
-            if len(reports) < self.runs:
-                return
-            del self.pending[steps]
-        returns, optimal, errors = np.array(reports).T
-        returns = returns[np.isfinite(returns)]
-        sps = steps * self.runs / max(time.perf_counter() - self.t_start, 1e-9)
-        self.lines.append((steps, sps))
-        line = f"return {np.mean(returns):6.3f}" if len(returns) else "no episode finished yet"
-        total = self.args.total_timesteps * self.args.num_agents
-        runs = "seeds" if self.runs == self.args.num_seeds and jax.process_count() == 1 else "runs"
-        print(f"[{self.args.exp_name}] steps {steps:>12,} / {total:,}  {line}  greedy optimal "
-              f"{np.mean(optimal):6.1%}  q_error {np.mean(errors):.2e} (mean of {len(reports)} "
-              f"{runs})  SPS {sps:,.0f}", flush=True)
+def progress(args: Args, metrics, timing) -> str:
+    """The line printed after each segment: steps so far, the last update's return, how many
+    greedy actions are optimal and how far Q is from Q*, speed."""
+    last = {k: metrics[k][:, -1] for k in ("episode_return", "stats/greedy_optimal",
+                                           "stats/q_error")}
+    returns = last["episode_return"][np.isfinite(last["episode_return"])]
+    line = f"return {np.mean(returns):6.3f}" if len(returns) else "no episode finished yet"
+    runs = "seeds" if len(metrics["env_steps"]) == args.num_seeds else "runs"
+    return (f"[{args.exp_name}] steps {metrics['env_steps'][0, -1]:>12,.0f} / "
+            f"{args.total_timesteps * args.num_agents:,}  {line}  greedy optimal "
+            f"{np.mean(last['stats/greedy_optimal']):6.1%}  q_error "
+            f"{np.mean(last['stats/q_error']):.2e} (mean of {len(metrics['env_steps'])} {runs})"
+            f"  SPS {timing['sps']:,.0f}")
 
 
-PROGRESS = Progress()
+def config_dirs(run_dir, args: Args) -> list:
+    """(arguments, directory) of each configuration: the run directory, or in a sweep one
+    sub-directory per configuration, named by its values of the swept flags."""
+    return [(dataclasses.replace(args, **{k: (v,) for k, v in config.items()}), os.path.join(
+        run_dir, "__".join(f"{k}={v:g}" for k, v in config.items() if len(getattr(args, k)) > 1)))
+        for config in grid(args)]
 
 
-def write_tensorboard(run_dir, args: Args, metrics):
-    """Event files written with the tensorboard package alone (no torch, no tensorflow)."""
-    from tensorboard.compat.proto.event_pb2 import Event
-    from tensorboard.compat.proto.summary_pb2 import Summary
-    from tensorboard.plugins.text.summary_v2 import text_pb
-    from tensorboard.summary.writer.event_file_writer import EventFileWriter
-
-    table = "|param|value|\n|-|-|\n" + "\n".join(f"|{k}|{v}|" for k, v in vars(args).items())
-    tags = {"episode_return": "charts/episodic_return", "episode_length": "charts/episodic_length"}
-    for k in range(args.num_seeds):
-        writer = EventFileWriter(os.path.join(run_dir, f"seed_{k}"))
-        writer.add_event(Event(wall_time=time.time(), summary=text_pb("hyperparameters", table)))
-        scalars = [(tags.get(key, key), values[k, i], step)
-                   for i, step in enumerate(metrics["env_steps"][k])
-                   for key, values in metrics.items() if key != "env_steps"]
-        for tag, value, step in scalars + [("charts/SPS", sps, s) for s, sps in PROGRESS.lines]:
-            if np.isfinite(value):
-                writer.add_event(Event(wall_time=time.time(), step=int(step), summary=Summary(
-                    value=[Summary.Value(tag=tag, simple_value=float(value))])))
-        writer.close()
+def append_events(path, events):
+    with open(path, "ab") as f:
+        for event in events:
+            event.wall_time = time.time()
+            RecordWriter(f).write(event.SerializeToString())
 
 
-def save_model(run_dir, args: Args, state: RunnerState):
+class Tensorboard:
+    """Event files written with the tensorboard package alone (no torch, no tensorflow): one per
+    run (seed_k), appended after each segment, so that `tensorboard --logdir` shows it live."""
+    TAGS = {"episode_return": "charts/episodic_return", "episode_length": "charts/episodic_length"}
+
+    def __init__(self, run_dir, args: Args, done):  # done: the env_steps already written
+        name = f"events.out.tfevents.{time.time():010.0f}.{socket.gethostname()}.{os.getpid()}"
+        self.paths, self.written = [], done.shape[1]
+        for one, config_dir in config_dirs(run_dir, args):
+            table = "|param|value|\n|-|-|\n" + "\n".join(f"|{k}|{v}|" for k, v in vars(one).items())
+            # A resumed run starts a new file, whose START event makes TensorBoard drop what the
+            # stopped run wrote after its checkpoint: no step appears twice.
+            first = Event(step=int(done[0, -1]) + 1, session_log=SessionLog(
+                status=SessionLog.START)) if done.size else Event(
+                summary=text_pb("hyperparameters", table))
+            for k in range(args.num_seeds):
+                self.paths.append(os.path.join(config_dir, f"seed_{k}", name))
+                os.makedirs(os.path.dirname(self.paths[-1]), exist_ok=True)
+                append_events(self.paths[-1], [Event(file_version="brain.Event:2"), first])
+
+    def write(self, metrics, sps):
+        """Append the updates of `metrics` ([runs, updates so far]) not written yet."""
+        new = {k: v[:, self.written:] for k, v in metrics.items()}
+        self.written = metrics["env_steps"].shape[1]
+        scalar = lambda tag, value, step: Event(step=int(step), summary=Summary(
+            value=[Summary.Value(tag=self.TAGS.get(tag, tag), simple_value=float(value))]))
+        steps = new.pop("env_steps")
+        for r, path in enumerate(self.paths):
+            append_events(path, [scalar(k, v[r, i], step) for i, step in enumerate(steps[r])
+                                 for k, v in new.items() if np.isfinite(v[r, i])]
+                          + [scalar("charts/SPS", sps, steps[r, -1])])
+
+
+def write_atomic(path, data: bytes):
+    """Write to a temporary name beside `path`, then rename it: a reader, or a crash, sees the
+    old file or the new one, never a part of one."""
+    with tempfile.NamedTemporaryFile(dir=os.path.dirname(path), prefix=".tmp.", delete=False) as f:
+        f.write(data)
+        os.fsync(f.fileno())
+    os.replace(f.name, path)
+
+
+def write_checkpoint(run_dir, args: Args, state: RunnerState, metrics):
+    """Replace run_dir/checkpoint.msgpack: the arguments, every run's RunnerState ([runs, ...])
+    and the metrics so far, behind their SHA-256, so that a torn or altered file is refused.
+    flax.serialization, as for models: one file, written in milliseconds (orbax's asynchronous
+    machinery, made for sharded models of many GB, buys nothing here)."""
+    data = flax.serialization.msgpack_serialize({
+        "args": json.dumps(dataclasses.asdict(args)), "metrics": metrics,
+        "state": flax.serialization.to_state_dict(state)})
+    write_atomic(os.path.join(run_dir, "checkpoint.msgpack"), hashlib.sha256(data).digest() + data)
+
+
+# Flags a resumed run may change: they do not change what it computes.
+RESUME_MAY_CHANGE = ("track", "log_dir", "exp_name", "save_model", "plot", "compile_cache_dir",
+                     "resume", "distributed", "coordinator_address", "num_processes", "process_id")
+
+
+def read_checkpoint(args: Args, argv) -> tuple:
+    """(arguments, checkpoint) of the run that --resume continues: the checkpoint's arguments,
+    where a flag typed on the command line may change only what does not change the results."""
+    try:
+        with open(os.path.join(args.resume, "checkpoint.msgpack"), "rb") as f:
+            digest, data = f.read(32), f.read()
+        if hashlib.sha256(data).digest() != digest:
+            raise ValueError("its checksum does not match: the file is damaged")
+        checkpoint = flax.serialization.msgpack_restore(data)
+    except (OSError, ValueError) as e:
+        raise ArgError(f"--resume {args.resume}: no usable checkpoint ({e})") from None
+    saved, typed = json.loads(checkpoint["args"]), {a.split("=")[0] for a in argv}
+    for k, v in saved.items():
+        if (k not in RESUME_MAY_CHANGE and "--" + k.replace("_", "-") in typed
+                and json.loads(json.dumps(getattr(args, k))) != v):
+            raise ArgError(f"--{k.replace('_', '-')} differs from the checkpoint's {v}: --resume "
+                           "continues the run as it was started")
+    return dataclasses.replace(args, **{
+        k: tuple(map(tuple, v)) if k == "walls" else tuple(v) if isinstance(v, list) else v
+        for k, v in saved.items() if k not in RESUME_MAY_CHANGE}), checkpoint
+
+
+def save_model(model_dir, args: Args, state: RunnerState):
     """Atomically write every seed's and agent's Q-table and visited pairs to model.msgpack."""
     payload = {"args": json.dumps(dataclasses.asdict(args)),
-               "q": np.asarray(state.agents.q),  # [num_seeds, num_agents, num_states, num_actions]
-               "visited": np.asarray(state.agents.visited)}
-    os.makedirs(run_dir, exist_ok=True)
-    with tempfile.NamedTemporaryFile(dir=run_dir, prefix=".model.", delete=False) as f:
-        f.write(flax.serialization.msgpack_serialize(payload))
-    os.replace(f.name, os.path.join(run_dir, "model.msgpack"))
-    return os.path.join(run_dir, "model.msgpack")
+               "q": state.agents.q,  # [num_seeds, num_agents, num_states, num_actions]
+               "visited": state.agents.visited}
+    os.makedirs(model_dir, exist_ok=True)
+    write_atomic(os.path.join(model_dir, "model.msgpack"),
+                 flax.serialization.msgpack_serialize(payload))
+    return os.path.join(model_dir, "model.msgpack")
 
 
 def plot_q_values(run_dir, args: Args, state: RunnerState):
@@ -706,34 +823,61 @@ def summary(args: Args, metrics, timing) -> str:
 
 
 # ============================================================================ 7. main
+STOP = []  # Ctrl-C was pressed: the run stops at the end of the current segment
+
+
+def stop_after_segment(signum, frame):
+    """The first Ctrl-C lets the segment finish and write its checkpoint; the second, with the
+    default handler back, stops at once."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    STOP.append(signum)
+    print("\nstopping at the end of this segment (Ctrl-C again: at once)", file=sys.stderr)
+
+
 def main():
     try:
         check_one_value_flags(sys.argv[1:])  # before tyro, which would blame the value
         args = validate(tyro.cli(Args, description=__doc__.split("\n\n")[0]))
+        args, checkpoint = read_checkpoint(args, sys.argv[1:]) if args.resume else (args, None)
         start_processes(args)
-    except ArgError as e:
-        print(f"error: {e}", file=sys.stderr)
+        run_dir = args.resume or os.path.join(
+            args.log_dir, f"{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}")
+        writer = jax.process_index() == 0  # --distributed: process 0 alone writes and prints
+        if writer:
+            os.makedirs(run_dir, exist_ok=True)  # before anything compiles: --log-dir must work
+    except (ArgError, OSError) as e:
+        print(f"error: {e if isinstance(e, ArgError) else f'--log-dir: {e}'}", file=sys.stderr)
         sys.exit(2)
     compilation_cache.set_cache_dir(args.compile_cache_dir or None)  # read at the first compile
-    state, metrics, timing = run(args)
-    if jax.process_index() > 0:  # --distributed: process 0 alone writes and prints
+    signal.signal(signal.SIGINT, stop_after_segment)
+    start = checkpoint and (checkpoint["state"], checkpoint["metrics"])
+    board = writer and args.track and Tensorboard(run_dir, args, start[1]["env_steps"] if start
+                                                  else np.zeros((1, 0)))
+    for runner, metrics, timing in segments(args, start=start):
+        state = flat_runs(runner)
+        # Every process stops at the same segment: a process would wait for the others forever.
+        stop = multihost_utils.process_allgather(np.int32(len(STOP))).sum() > 0
+        if writer:
+            if board:
+                board.write(metrics, timing["sps"])
+            write_checkpoint(run_dir, args, state, metrics)
+            print(progress(args, metrics, timing), flush=True)
+        if stop:
+            if writer:
+                print(f"stopped with a checkpoint; continue with: python {sys.argv[0]} --resume "
+                      f"{run_dir}", flush=True)
+            sys.exit(130)
+    if not writer:
         return
-    configs, metrics = grid(args), jax.device_get(metrics)
-    if len(configs) == 1:  # a configuration axis in front, as a sweep has
-        state, metrics = jax.tree.map(lambda x: x[None], (state, metrics))
-    pick, start = (lambda tree, c: jax.tree.map(lambda x: x[c], tree)), int(time.time())
-    for c, config in enumerate(configs):  # one run directory each, named by the varied values
-        one = dataclasses.replace(args, **{k: (v,) for k, v in config.items()})
-        varied = "".join(f"__{k}={v:g}" for k, v in config.items() if len(getattr(args, k)) > 1)
-        run_dir = os.path.join(args.log_dir,
-                               f"{args.env_id}__{args.exp_name}__{args.seed}__{start}{varied}")
-        if args.track:
-            write_tensorboard(run_dir, one, pick(metrics, c))
+    seeds = args.num_seeds
+    pick = lambda tree, c: jax.tree.map(lambda x: x[c * seeds:(c + 1) * seeds], tree)
+    for c, (one, config_dir) in enumerate(config_dirs(run_dir, args)):
         if args.save_model:
-            print(f"saved {save_model(run_dir, one, pick(state, c))}")
+            print(f"saved {save_model(config_dir, one, pick(state, c))}")
         if args.plot:
-            print(f"saved {plot_q_values(run_dir, one, pick(state, c))}")
-    print(summary(args, metrics, timing))
+            print(f"saved {plot_q_values(config_dir, one, pick(state, c))}")
+    lead = (len(grid(args)), seeds)
+    print(summary(args, jax.tree.map(lambda x: x.reshape(*lead, *x.shape[1:]), metrics), timing))
 
 
 if __name__ == "__main__":

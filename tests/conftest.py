@@ -70,6 +70,7 @@ def assert_usage_error(script, flags, flag, tmp_path):
         with mock.patch.object(sys, "argv", argv), contextlib.redirect_stderr(stderr), \
                 mock.patch.object(module, "make_train", must_not_run), \
                 mock.patch.object(module, "run", must_not_run), \
+                mock.patch.object(module, "segments", must_not_run, create=True), \
                 pytest.raises(SystemExit) as exit_info:
             module.main()
     finally:

@@ -56,7 +56,7 @@ def test_two_processes_write_what_one_computes(module, tmp_path):
     _, metrics, _ = module.run(args)  # conftest's 2 devices: the same runs on each device
     key, tag = METRIC[module]
     values = np.asarray(metrics[key])
-    run_dirs = sorted(tmp_path.glob("*__learning_rate=*"))
+    run_dirs = sorted(tmp_path.glob("*/learning_rate=*"))
     assert len(run_dirs) == 2, list(tmp_path.iterdir())
     for c, config in enumerate(module.grid(args)):
         [run_dir] = [d for d in run_dirs if d.name.endswith(f"={config['learning_rate']:g}")]

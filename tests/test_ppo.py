@@ -208,7 +208,7 @@ def test_truncation_bootstraps_from_the_final_observation(flag_runs):
 
 def part(state, name):
     """The actor's or the critic's parameters of each run, [4 configs, 1 seed, ...] leaves."""
-    return state.train_state.params["params"][name]
+    return state.params["params"][name]
 
 
 def assert_trees_equal(a, b, equal=True):
@@ -247,7 +247,7 @@ def test_each_flag_has_its_effect(flag_runs):
     default, on = flag_runs("default"), flag_runs("all_on")
     assert set(default[4]) == {False} and set(on[4]) == {True}
     counts = lambda state: [int(leaf) for path, leaf in jax.tree_util.tree_leaves_with_path(
-        jax.tree.map(lambda x: x[0, 0], state.train_state.opt_state))
+        jax.tree.map(lambda x: x[0, 0], state.opt_state))
         if "count" in jax.tree_util.keystr(path)]
     args = default[0]
     minibatch_steps = 3 * args.update_epochs * args.num_minibatches
@@ -323,31 +323,34 @@ TINY_FLAGS = ["--num-envs", 8, "--num-steps", 64, "--num-minibatches", 4,
 
 
 def test_cli_sweep_writes_events_and_models(tmp_path):
-    """A 2-configuration sweep from the command line: one run directory per configuration, its
-    values in the name and in the hyperparameter text, seed_k below it, a model each; progress
-    every 10% of updates; one summary row per configuration."""
+    """A 2-configuration sweep from the command line: one run directory with its checkpoint, a
+    sub-directory per configuration named by its values (also in the hyperparameter text), seed_k
+    below it, a model each; a progress line per segment (10); one summary row per
+    configuration."""
     proc = run_script("ppo.py", *TINY_FLAGS, "--ent-coef", 0, 0.01, "--save-model",
                       "--log-dir", tmp_path / "runs")
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "2 configurations x 2 seeds" in proc.stdout and "(mean of" in proc.stdout
     assert proc.stdout.count("[ppo] steps") == 10
-    run_dirs = sorted((tmp_path / "runs").iterdir())
-    assert [d.name.split("__")[-1] for d in run_dirs] == ["ent_coef=0", "ent_coef=0.01"]
-    for run_dir in run_dirs:
-        assert run_dir.name.startswith("CartPole-v1__ppo__1__")
+    (run_dir,) = (tmp_path / "runs").iterdir()
+    assert run_dir.name.startswith("CartPole-v1__ppo__1__")
+    assert (run_dir / "checkpoint.msgpack").is_file()
+    config_dirs = sorted(d for d in run_dir.iterdir() if d.is_dir())
+    assert [d.name for d in config_dirs] == ["ent_coef=0", "ent_coef=0.01"]
+    for config_dir in config_dirs:
         for k in range(2):
-            points = read_scalars(run_dir / f"seed_{k}", "charts/episodic_return")
+            points = read_scalars(config_dir / f"seed_{k}", "charts/episodic_return")
             steps = [s for s, _ in points]
             assert len(steps) >= 5 and steps == sorted(steps) and len(set(steps)) == len(steps)
-            assert read_scalars(run_dir / f"seed_{k}", "losses/value")
-        payload = flax.serialization.msgpack_restore((run_dir / "model.msgpack").read_bytes())
+            assert read_scalars(config_dir / f"seed_{k}", "losses/value")
+        payload = flax.serialization.msgpack_restore((config_dir / "model.msgpack").read_bytes())
         params = payload["params"]
         network = ppo.ActorCritic(action_dim=2, continuous=False, hidden_size=64)
         dist, value = network.apply(jax.tree.map(lambda x: x[0], params), jnp.zeros((3, 4)))
         assert dist.logits.shape == (3, 2) and value.shape == (3,)
         assert jax.tree.leaves(params)[0].shape[0] == 2
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-    acc = EventAccumulator(str(run_dirs[1] / "seed_0"), size_guidance={"tensors": 0})
+    acc = EventAccumulator(str(config_dirs[1] / "seed_0"), size_guidance={"tensors": 0})
     acc.Reload()
     text = acc.Tensors("hyperparameters")[0].tensor_proto.string_val[0].decode()
     assert "|ent_coef|(0.01,)|" in text

@@ -244,7 +244,7 @@ def test_copied_file_runs_alone_and_writes_outputs(tmp_path):
                       "--save-model", "--plot", cwd=folder)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "greedy optimal per seed" in proc.stdout
-    assert proc.stdout.count("[q_learning] steps") == 10  # a progress line every 10% of updates
+    assert proc.stdout.count("[q_learning] steps") == 10  # a progress line per segment
     (run_dir,) = (folder / "runs").iterdir()
     assert run_dir.name.startswith("GridWorld-v0__q_learning__1__")
     for k in range(2):
@@ -257,7 +257,7 @@ def test_copied_file_runs_alone_and_writes_outputs(tmp_path):
     assert payload["visited"].any(-1).sum() >= 2 * 4 * 2  # every agent left its start cell
     assert (run_dir / "q_values.png").stat().st_size > 10_000
     assert sorted(p.name for p in run_dir.iterdir()) == [
-        "model.msgpack", "q_values.png", "seed_0", "seed_1"]  # no temporary file left
+        "checkpoint.msgpack", "model.msgpack", "q_values.png", "seed_0", "seed_1"]  # no .tmp
 
 
 @pytest.mark.parametrize("flags, flag", [
