@@ -65,7 +65,8 @@ def assert_usage_error(script, flags, flag, tmp_path):
 
     jax.monitoring.register_event_duration_secs_listener(listener)
     stderr = io.StringIO()
-    argv = [script, *map(str, flags), "--log-dir", str(tmp_path / "runs")]
+    argv = [script, *map(str, flags), *([] if "--log-dir" in flags else
+                                        ["--log-dir", str(tmp_path / "runs")])]
     try:
         with mock.patch.object(sys, "argv", argv), contextlib.redirect_stderr(stderr), \
                 mock.patch.object(module, "make_train", must_not_run), \

@@ -1,0 +1,185 @@
+"""Long runs (ppo.py, vpg.py, q_learning.py): the command line trains in segments of one compiled
+program, writes tensorboard events and a checkpoint after each, and --resume continues a killed
+(kill -9) or interrupted (Ctrl-C) run to exactly what the uninterrupted run computes."""
+import dataclasses
+import shutil
+import signal
+import subprocess
+import sys
+
+import flax.serialization
+import jax
+import numpy as np
+import pytest
+
+import ppo
+import q_learning as ql
+import vpg
+from conftest import ALGOS, assert_usage_error, read_scalars, run_script
+
+# module -> Args of a run of 10 segments that take long enough (a few tenths of a second each on
+# 2 cores) for a kill sent after the second one to land before the end. q_learning's is a sweep.
+RUNS = {
+    ppo: dict(num_envs=32, num_steps=32, num_minibatches=2, update_epochs=2, hidden_size=16,
+              total_timesteps=32 * 32 * 1000, num_seeds=2),
+    vpg: dict(num_envs=32, num_steps=32, num_minibatches=2, update_epochs=2, hidden_size=16,
+              total_timesteps=32 * 32 * 1000, num_seeds=2),
+    ql: dict(num_agents=64, num_steps=1000, total_timesteps=1000 * 200, num_seeds=2,
+             learning_rate=(0.1, 0.5)),
+}
+TAGS = {ppo: "losses/value", vpg: "losses/value", ql: "stats/q_error"}  # tag -> metric below
+METRIC = {"losses/value": "loss/value", "stats/q_error": "stats/q_error"}
+ids = lambda m: m.__name__
+
+
+def flags(module):
+    return [arg for k, v in RUNS[module].items()
+            for arg in (f"--{k.replace('_', '-')}", *(v if isinstance(v, tuple) else [v]))]
+
+
+def start_then_signal(module, log_dir, sig, after):
+    """Start the script on RUNS[module] and send `sig` once `after` progress lines are out;
+    returns (return code, stdout, stderr)."""
+    proc = subprocess.Popen([sys.executable, str(ALGOS / f"{module.__name__}.py"),
+                             *map(str, flags(module)), "--save-model", "--log-dir", str(log_dir)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    lines = []
+    for line in proc.stdout:
+        lines.append(line)
+        if sum("] steps " in x for x in lines) == after:
+            proc.send_signal(sig)
+            break
+    out, err = proc.communicate(timeout=120)
+    return proc.returncode, "".join(lines) + out, err
+
+
+@pytest.fixture(scope="module")
+def reference():
+    """module -> (args, final state, metrics, summary lines but the timing line) of the
+    uninterrupted run, in this process (the same 2 devices as the scripts)."""
+    cache = {}
+
+    def get(module):
+        if module not in cache:
+            args = module.validate(module.Args(track=False, **RUNS[module]))
+            state, metrics, timing = module.run(args)
+            if module is ql:
+                text = ql.summary(args, metrics, timing)
+            else:
+                lead = metrics["episode_return"].reshape(-1, args.num_seeds,
+                                                         metrics["env_steps"].shape[-1])
+                text = module.summary(args, np.stack([module.final_returns({"episode_return": r})
+                                                      for r in lead]), timing)
+            cache[module] = (args, state, metrics, text.splitlines()[:-1])
+        return cache[module]
+
+    return get
+
+
+def assert_same_as_uninterrupted(module, run_dir, out, reference):
+    """The run directory and the final output of a resumed run hold what the uninterrupted run
+    computes, bit for bit: every update's metric in tensorboard (each step once), the models and
+    the summary."""
+    args, state, metrics, summary = reference(module)
+    assert [line for line in summary if line in out.splitlines()] == summary, out
+    configs = ql.grid(args) if module is ql else module.grid(args)
+    for c, config_dir in enumerate(sorted(d for d in run_dir.iterdir() if d.is_dir())
+                                   if len(configs) > 1 else [run_dir]):
+        pick = (lambda x: x[c]) if len(configs) > 1 else (lambda x: x)
+        for k in range(args.num_seeds):
+            points = read_scalars(config_dir / f"seed_{k}", TAGS[module])
+            steps = [int(s) for s, _ in points]
+            assert steps == [int(s) for s in pick(metrics["env_steps"])[k]], k
+            np.testing.assert_array_equal(np.float32([v for _, v in points]),
+                                          pick(metrics[METRIC[TAGS[module]]])[k])
+        saved = flax.serialization.msgpack_restore((config_dir / "model.msgpack").read_bytes())
+        mine = (pick(state.agents.q), saved["q"]) if module is ql else (
+            jax.tree.map(pick, state.params), saved["params"])
+        jax.tree.map(np.testing.assert_array_equal, *mine)
+
+
+@pytest.mark.parametrize("module", RUNS, ids=ids)
+def test_killed_run_resumes_to_the_uninterrupted_result(module, tmp_path, reference):
+    """kill -9 after the second segment's checkpoint: the event files already hold the curves so
+    far (tensorboard shows a run live), and --resume finishes the run as if nothing happened."""
+    code, out, _ = start_then_signal(module, tmp_path, signal.SIGKILL, after=2)
+    assert code == -signal.SIGKILL, f"the run ended before the kill: {out}"
+    (run_dir,) = tmp_path.iterdir()
+    seed_dir = next(run_dir.glob("**/seed_0"))
+    written = [s for s, _ in read_scalars(seed_dir, TAGS[module])]
+    total = RUNS[module]["total_timesteps"] * RUNS[module].get("num_agents", 1)
+    assert written and max(written) < total, written  # some curve, not all of it
+    proc = run_script(f"{module.__name__}.py", "--resume", run_dir, "--save-model")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert_same_as_uninterrupted(module, run_dir, proc.stdout, reference)
+
+
+def test_ctrl_c_stops_after_the_segment_and_resumes(tmp_path, reference):
+    """SIGINT: the segment finishes, its checkpoint is written, one line says how to resume, exit
+    130; the resumed run ends where the uninterrupted one does."""
+    code, out, err = start_then_signal(ppo, tmp_path, signal.SIGINT, after=1)
+    (run_dir,) = tmp_path.iterdir()
+    assert code == 130, err[-3000:]
+    assert f"continue with: python {ALGOS / 'ppo.py'} --resume {run_dir}" in out
+    assert "stopping at the end of this segment" in err and "Traceback" not in err
+    assert (run_dir / "checkpoint.msgpack").is_file()
+    proc = run_script("ppo.py", "--resume", run_dir, "--save-model")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert_same_as_uninterrupted(ppo, run_dir, proc.stdout, reference)
+
+
+TINY = dict(env_id="CartPole-v1", num_envs=8, num_steps=32, num_minibatches=2, update_epochs=1,
+            hidden_size=16, total_timesteps=8 * 32 * 53, num_seeds=2, track=False)
+
+
+def test_segments_change_at_most_rounding_and_compile_once():
+    """One segment (the whole run in one call) against ten: the first update agrees to 1e-5
+    relative and the final returns are the same; 53 updates in segments of 6 end with a segment
+    of 5, and no segment after the first compiles anything (one program for all)."""
+    one = ppo.run(ppo.validate(ppo.Args(num_segments=1, **TINY)))[1]
+    compiles, ten = [], ppo.segments(ppo.validate(ppo.Args(num_segments=10, **TINY)))
+    next(ten)
+    listener = lambda event, *_, **__: "compile" in event and compiles.append(event)
+    jax.monitoring.register_event_duration_secs_listener(listener)
+    try:
+        *_, (_, metrics, _) = ten
+    finally:
+        jax.monitoring.unregister_event_duration_listener(listener)
+    assert not compiles, compiles
+    assert metrics["env_steps"].shape == (2, 53)
+    np.testing.assert_array_equal(metrics["env_steps"][0], 8 * 32 * np.arange(1, 54))
+    for key, values in one.items():
+        np.testing.assert_allclose(metrics[key][:, 0], values[:, 0], rtol=1e-5, err_msg=key)
+    np.testing.assert_allclose(ppo.final_returns(metrics), ppo.final_returns(one), rtol=1e-5)
+
+
+@pytest.fixture(scope="module")
+def checkpointed(tmp_path_factory):
+    """A finished tiny ppo run directory with its checkpoint, and its flags."""
+    log_dir = tmp_path_factory.mktemp("checkpointed")
+    fields = [f"--{k.replace('_', '-')}={v}" for k, v in TINY.items() if k != "track"]
+    proc = run_script("ppo.py", *fields, "--no-track", "--log-dir", log_dir)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (run_dir,) = log_dir.iterdir()
+    return run_dir, fields
+
+
+def test_bad_resume_and_log_dir_are_one_line_exit_2(checkpointed, tmp_path):
+    """Nothing compiles, nothing is written: --resume of a missing directory, of a truncated
+    checkpoint, with a flag that changes the computation; an unwritable --log-dir."""
+    run_dir, fields = checkpointed
+    assert_usage_error("ppo.py", ["--resume", tmp_path / "missing"], "--resume", tmp_path)
+    truncated = tmp_path / "truncated"
+    shutil.copytree(run_dir, truncated)
+    data = (truncated / "checkpoint.msgpack").read_bytes()
+    (truncated / "checkpoint.msgpack").write_bytes(data[: len(data) // 2])
+    assert_usage_error("ppo.py", ["--resume", truncated], "--resume", tmp_path)
+    assert_usage_error("ppo.py", ["--resume", run_dir, "--learning-rate", "0.01"],
+                       "--learning-rate", tmp_path)
+    (tmp_path / "file").write_text("")
+    assert_usage_error("ppo.py", ["--log-dir", tmp_path / "file" / "runs"], "--log-dir", tmp_path)
+    # The flags of the run itself, and those that do not change the computation, are fine.
+    args, _ = ppo.read_checkpoint(ppo.Args(resume=str(run_dir), track=False, **{
+        k: v for k, v in TINY.items() if k != "track"}), [*fields, "--track", "--save-model"])
+    assert dataclasses.asdict(args) == dataclasses.asdict(ppo.validate(ppo.Args(
+        resume=str(run_dir), track=False, **{k: v for k, v in TINY.items() if k != "track"})))
