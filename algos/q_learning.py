@@ -570,9 +570,9 @@ def segments(args: Args, num_devices: Optional[int] = None, start=None):
     the devices). With --distributed each process trains its contiguous share of the runs.
 
     Seed k gets the k-th split of PRNGKey(args.seed) in every configuration, whatever the layout.
-    Yields (runner, metrics, timing) after each segment: this process's runner as laid out on its
-    devices, [devices, runs per device, ...], and every run's metrics so far as numpy
-    [runs, updates]. start: the (state, metrics) of a checkpoint, whose run this continues."""
+    Yields (state, metrics, timing) after each segment, state and metrics as numpy [runs, ...]
+    leaves (every process's runs, configuration-major; metrics [runs, updates so far]).
+    start: the (state, metrics) of a checkpoint, whose run this continues."""
     configs, seeds = grid(args), args.num_seeds
     runs = len(configs) * seeds
     share = runs // jax.process_count()  # this process's runs (all of them without --distributed)
@@ -582,13 +582,15 @@ def segments(args: Args, num_devices: Optional[int] = None, start=None):
     keys = jnp.tile(jax.random.split(jax.random.PRNGKey(args.seed), seeds), (len(configs), 1))
     hp = {k: jnp.repeat(jnp.array([c[k] for c in configs], jnp.float32), seeds) for k in HPARAMS}
     layout = lambda x: x[mine].reshape(len(devices), share // len(devices), *x.shape[1:])
+    # Every process's share, in process order, as numpy arrays (process 0 alone writes them).
+    gather = lambda tree: multihost_utils.process_allgather(
+        jax.tree.map(lambda x: x.reshape(share, *x.shape[2:]), tree), tiled=True)
     keys, hp = jax.tree.map(layout, (keys, hp))
     train = make_train(args)
     length = -(-train.num_updates // args.num_segments)  # the last segment may run fewer
     init = jax.pmap(jax.vmap(train.init), devices=devices)
     advance = jax.pmap(jax.vmap(lambda hp, runner, valid: train.advance(hp, runner, length, valid),
-                                in_axes=(0, 0, None)),
-                       devices=devices, donate_argnums=1)
+                                in_axes=(0, 0, None)), devices=devices, donate_argnums=1)
     t0, hits = time.perf_counter(), len(CACHE_HITS)  # a hit from here on is training's
     if start is None:
         runner, metrics = init.lower(keys, hp).compile(COMPILER_OPTIONS)(keys, hp), None
@@ -600,37 +602,26 @@ def segments(args: Args, num_devices: Optional[int] = None, start=None):
     per_device = lambda valid: np.full(len(devices), valid, np.int32)
     advance = advance.lower(hp, runner, per_device(length)).compile(COMPILER_OPTIONS)
     compile_s, cached = time.perf_counter() - t0, len(CACHE_HITS) > hits
-    done = 0 if metrics is None else metrics["env_steps"].shape[1]
-    t_start = time.perf_counter()
+    done, t_start = 0 if metrics is None else metrics["env_steps"].shape[1], time.perf_counter()
     for first in range(done, train.num_updates, length):
         valid = min(length, train.num_updates - first)
         runner, new = advance(hp, runner, per_device(valid))
-        # Every process's share, in process order (process 0 alone writes them).
-        new = jax.tree.map(lambda x: x[:, :valid], multihost_utils.process_allgather(
-            jax.tree.map(lambda x: x.reshape(share, length), new), tiled=True))
-        metrics = new if metrics is None else {k: np.concatenate([metrics[k], new[k]], axis=1)
-                                               for k in new}
+        new = jax.tree.map(lambda x: x[:, :valid], gather(new))
+        metrics = new if metrics is None else jax.tree.map(
+            lambda a, b: np.concatenate([a, b], axis=1), metrics, new)
         run_s = time.perf_counter() - t_start
-        timing = {"compile_s": compile_s, "run_s": run_s, "cached": cached,
-                  "devices": len(devices) * jax.process_count(), "sps": runs * (
-                      first + valid - done) * args.num_steps * args.num_agents / run_s}
-        yield runner, metrics, timing
+        yield gather(runner), metrics, {
+            "compile_s": compile_s, "run_s": run_s, "cached": cached,
+            "devices": len(devices) * jax.process_count(),
+            "sps": runs * (first + valid - done) * args.num_steps * args.num_agents / run_s}
 
 
 def run(args: Args, num_devices: Optional[int] = None):
     """The whole sweep of segments(): (final runner state, metrics, timing), every leaf with a
     leading [num_seeds] axis, or [num_configs, num_seeds] for a sweep of several configurations."""
-    *_, (runner, metrics, timing) = segments(args, num_devices)
+    *_, (state, metrics, timing) = segments(args, num_devices)
     lead = (len(grid(args)), args.num_seeds) if len(grid(args)) > 1 else (args.num_seeds,)
-    by_seed = lambda x: np.asarray(x).reshape(*lead, *x.shape[1:])
-    return jax.tree.map(by_seed, flat_runs(runner)), jax.tree.map(by_seed, metrics), timing
-
-
-def flat_runs(runner: RunnerState) -> RunnerState:
-    """numpy leaves [runs, ...] (configuration-major) of every process's runs, from this
-    process's runner as laid out on its devices (with --distributed, every process calls it)."""
-    return multihost_utils.process_allgather(
-        jax.tree.map(lambda x: x.reshape(-1, *x.shape[2:]), runner), tiled=True)
+    return *jax.tree.map(lambda x: x.reshape(*lead, *x.shape[1:]), (state, metrics)), timing
 
 
 # ============================================================================ 6. logging and output
@@ -657,16 +648,9 @@ def config_dirs(run_dir, args: Args) -> list:
         for config in grid(args)]
 
 
-def append_events(path, events):
-    with open(path, "ab") as f:
-        for event in events:
-            event.wall_time = time.time()
-            RecordWriter(f).write(event.SerializeToString())
-
-
 class Tensorboard:
-    """Event files written with the tensorboard package alone (no torch, no tensorflow): one per
-    run (seed_k), appended after each segment, so that `tensorboard --logdir` shows it live."""
+    """Event files written with the tensorboard package alone (no torch, no tensorflow), one per
+    run (seed_k), appended after each segment: `tensorboard --logdir` shows the run live."""
     TAGS = {"episode_return": "charts/episodic_return", "episode_length": "charts/episodic_length"}
 
     def __init__(self, run_dir, args: Args, done):  # done: the env_steps already written
@@ -682,35 +666,39 @@ class Tensorboard:
             for k in range(args.num_seeds):
                 self.paths.append(os.path.join(config_dir, f"seed_{k}", name))
                 os.makedirs(os.path.dirname(self.paths[-1]), exist_ok=True)
-                append_events(self.paths[-1], [Event(file_version="brain.Event:2"), first])
+                self.append(self.paths[-1], [Event(file_version="brain.Event:2"), first])
+
+    @staticmethod
+    def append(path, events):
+        with open(path, "ab") as f:
+            for event in events:
+                event.wall_time = time.time()
+                RecordWriter(f).write(event.SerializeToString())
 
     def write(self, metrics, sps):
         """Append the updates of `metrics` ([runs, updates so far]) not written yet."""
         new = {k: v[:, self.written:] for k, v in metrics.items()}
-        self.written = metrics["env_steps"].shape[1]
+        self.written, steps = metrics["env_steps"].shape[1], new.pop("env_steps")
         scalar = lambda tag, value, step: Event(step=int(step), summary=Summary(
             value=[Summary.Value(tag=self.TAGS.get(tag, tag), simple_value=float(value))]))
-        steps = new.pop("env_steps")
         for r, path in enumerate(self.paths):
-            append_events(path, [scalar(k, v[r, i], step) for i, step in enumerate(steps[r])
-                                 for k, v in new.items() if np.isfinite(v[r, i])]
-                          + [scalar("charts/SPS", sps, steps[r, -1])])
+            self.append(path, [scalar(k, v[r, i], step) for i, step in enumerate(steps[r])
+                               for k, v in new.items() if np.isfinite(v[r, i])]
+                        + [scalar("charts/SPS", sps, steps[r, -1])])
 
 
 def write_atomic(path, data: bytes):
-    """Write to a temporary name beside `path`, then rename it: a reader, or a crash, sees the
-    old file or the new one, never a part of one."""
-    with tempfile.NamedTemporaryFile(dir=os.path.dirname(path), prefix=".tmp.", delete=False) as f:
+    """Write beside `path`, then rename: a reader, or a crash, sees the old file or the new one."""
+    with tempfile.NamedTemporaryFile(dir=os.path.dirname(path), delete=False) as f:
         f.write(data)
         os.fsync(f.fileno())
     os.replace(f.name, path)
 
 
 def write_checkpoint(run_dir, args: Args, state: RunnerState, metrics):
-    """Replace run_dir/checkpoint.msgpack: the arguments, every run's RunnerState ([runs, ...])
-    and the metrics so far, behind their SHA-256, so that a torn or altered file is refused.
-    flax.serialization, as for models: one file, written in milliseconds (orbax's asynchronous
-    machinery, made for sharded models of many GB, buys nothing here)."""
+    """run_dir/checkpoint.msgpack: the arguments, every run's RunnerState and the metrics so far,
+    behind their SHA-256. flax.serialization, as for models: orbax's asynchronous, sharded
+    machinery buys nothing for a file of a few MB written between segments."""
     data = flax.serialization.msgpack_serialize({
         "args": json.dumps(dataclasses.asdict(args)), "metrics": metrics,
         "state": flax.serialization.to_state_dict(state)})
@@ -851,32 +839,29 @@ def main():
     compilation_cache.set_cache_dir(args.compile_cache_dir or None)  # read at the first compile
     signal.signal(signal.SIGINT, stop_after_segment)
     start = checkpoint and (checkpoint["state"], checkpoint["metrics"])
-    board = writer and args.track and Tensorboard(run_dir, args, start[1]["env_steps"] if start
-                                                  else np.zeros((1, 0)))
-    for runner, metrics, timing in segments(args, start=start):
-        state = flat_runs(runner)
-        # Every process stops at the same segment: a process would wait for the others forever.
-        stop = multihost_utils.process_allgather(np.int32(len(STOP))).sum() > 0
+    board = writer and args.track and Tensorboard(
+        run_dir, args, start[1]["env_steps"] if start else np.zeros((1, 0)))
+    for state, metrics, timing in segments(args, start=start):
+        if board:
+            board.write(metrics, timing["sps"])
         if writer:
-            if board:
-                board.write(metrics, timing["sps"])
             write_checkpoint(run_dir, args, state, metrics)
             print(progress(args, metrics, timing), flush=True)
-        if stop:
+        # Every process stops after the same segment: the others would wait for it forever.
+        if multihost_utils.process_allgather(np.int32(len(STOP))).any():
             if writer:
                 print(f"stopped with a checkpoint; continue with: python {sys.argv[0]} --resume "
                       f"{run_dir}", flush=True)
             sys.exit(130)
     if not writer:
         return
-    seeds = args.num_seeds
-    pick = lambda tree, c: jax.tree.map(lambda x: x[c * seeds:(c + 1) * seeds], tree)
+    pick = lambda tree, c: jax.tree.map(lambda x: x[c * args.num_seeds:][:args.num_seeds], tree)
     for c, (one, config_dir) in enumerate(config_dirs(run_dir, args)):
         if args.save_model:
             print(f"saved {save_model(config_dir, one, pick(state, c))}")
         if args.plot:
             print(f"saved {plot_q_values(config_dir, one, pick(state, c))}")
-    lead = (len(grid(args)), seeds)
+    lead = (len(grid(args)), args.num_seeds)
     print(summary(args, jax.tree.map(lambda x: x.reshape(*lead, *x.shape[1:]), metrics), timing))
 
 
