@@ -38,6 +38,7 @@ from typing import Callable, NamedTuple, Optional
 
 import flax.serialization
 import jax
+import jax.extend
 import jax.numpy as jnp
 import numpy as np
 import tyro
@@ -533,25 +534,43 @@ jax.monitoring.register_event_listener(lambda e, **_: e.endswith("hits") and CAC
 JOIN_TIMEOUT_S = 60  # --distributed: a process that has not joined the others by then fails
 
 
+def meet(args: Args):
+    """Before JAX joins the processes (and aborts one whose peers never come, with no word of why):
+    process 0 waits at the coordinator address until the others have knocked, and they knock
+    until it answers; after JOIN_TIMEOUT_S either one stops with a one-line error."""
+    host, _, port = args.coordinator_address.rpartition(":")
+    deadline, others = time.time() + JOIN_TIMEOUT_S, args.num_processes - 1
+    try:
+        if args.process_id == 0:
+            with socket.create_server(("", int(port))) as server:
+                server.settimeout(max(0.0, deadline - time.time()))
+                for joined in range(others):
+                    server.accept()[0].close()
+            return
+        while True:
+            try:
+                return socket.create_connection((host, port), timeout=1).close()
+            except OSError:
+                if time.time() > deadline:
+                    raise
+                time.sleep(1)
+    except (OSError, ValueError) as e:
+        waited = (f"{joined} of the {others} other processes joined" if args.process_id == 0
+                  and isinstance(e, TimeoutError) else f"nothing answered ({e})")
+        raise ArgError(f"--coordinator-address {args.coordinator_address}: {waited} within "
+                       f"{JOIN_TIMEOUT_S} s") from None
+
+
 def start_processes(args: Args):
     """--distributed (implied by its three flags): join the other processes (jax.distributed) and
     check that the runs split evenly over them. Without an address JAX detects the cluster."""
     if not (args.distributed or args.coordinator_address or args.num_processes
             or args.process_id is not None):
         return
-    host, _, port = (args.coordinator_address or "").rpartition(":")
-    deadline = time.time() + JOIN_TIMEOUT_S
-    while host and 0 < (args.process_id or 0) < (args.num_processes or 0):  # process 0 up yet?
-        try:  # JAX itself would abort the process once its timeout has passed
-            socket.create_connection((host, port), timeout=1).close()
-            break
-        except OSError:
-            if time.time() > deadline:
-                raise ArgError(f"--coordinator-address {args.coordinator_address}: nothing "
-                               f"answered within {JOIN_TIMEOUT_S} s") from None
-            time.sleep(1)
-    # (validate did not start JAX's backend: nothing of the environments or checks runs in JAX)
+    if args.coordinator_address and 0 <= (args.process_id or 0) < (args.num_processes or 0):
+        meet(args)  # (an id out of range, or no count: JAX's own immediate error below)
     jax.config.update("jax_cpu_collectives_implementation", "gloo")  # collectives on CPU
+    jax.extend.backend.clear_backends()  # started by the checks (gymnax): JAX must join first
     try:
         jax.distributed.initialize(args.coordinator_address, args.num_processes, args.process_id,
                                    initialization_timeout=JOIN_TIMEOUT_S)
@@ -679,8 +698,9 @@ class Tensorboard:
         """Append the updates of `metrics` ([runs, updates so far]) not written yet."""
         new = {k: v[:, self.written:] for k, v in metrics.items()}
         self.written, steps = metrics["env_steps"].shape[1], new.pop("env_steps")
-        scalar = lambda tag, value, step: Event(step=int(step), summary=Summary(
-            value=[Summary.Value(tag=self.TAGS.get(tag, tag), simple_value=float(value))]))
+        scalar = lambda tag, value, step: Event(step=int(step), summary=Summary(value=[
+            Summary.Value(tag=self.TAGS.get(tag, tag.replace("loss/", "losses/")),
+                          simple_value=float(value))]))
         for r, path in enumerate(self.paths):
             self.append(path, [scalar(k, v[r, i], step) for i, step in enumerate(steps[r])
                                for k, v in new.items() if np.isfinite(v[r, i])]

@@ -43,11 +43,13 @@ import distrax
 import flax.linen as nn
 import flax.serialization
 import gymnax
+import jax.extend
 import jax.numpy as jnp
 import numpy as np
 import optax
 import tyro
 from gymnax.environments import spaces
+from jax.experimental import multihost_utils
 from jax.experimental.compilation_cache import compilation_cache
 from scipy.stats import trim_mean
 from tensorboard.compat.proto.event_pb2 import Event, SessionLog
@@ -82,6 +84,16 @@ class Args:
     num_segments: Optional[int] = None
     """the run is one compiled program called this many times; after each segment it logs,
     checkpoints and may stop (default: 10, more for long runs: one per 2^24 env steps)"""
+    distributed: bool = False
+    """one of several processes (jax.distributed): the runs are split over all their devices
+    (implied by the next three flags)"""
+    coordinator_address: Optional[str] = None
+    """--distributed: HOST:PORT of process 0 (default: detected, e.g. under SLURM or Open MPI)"""
+    num_processes: Optional[int] = None
+    """--distributed: how many processes take part (default: detected)"""
+    process_id: Optional[int] = None
+    """--distributed: this process's index, 0 to num_processes - 1 (default: detected)"""
+
 
     # Algorithm. Fields left at None take a per-environment or derived default (fill_defaults).
     # Flags marked "sweep" take several values: all combinations train in one program (HPARAMS).
@@ -476,29 +488,85 @@ CACHE_HITS = []  # of the persistent cache: counted around a compile, to say whe
 jax.monitoring.register_event_listener(lambda e, **_: e.endswith("hits") and CACHE_HITS.append(e))
 
 
+JOIN_TIMEOUT_S = 60  # --distributed: a process that has not joined the others by then fails
+
+
+def meet(args: Args):
+    """Before JAX joins the processes (and aborts one whose peers never come, with no word of why):
+    process 0 waits at the coordinator address until the others have knocked, and they knock
+    until it answers; after JOIN_TIMEOUT_S either one stops with a one-line error."""
+    host, _, port = args.coordinator_address.rpartition(":")
+    deadline, others = time.time() + JOIN_TIMEOUT_S, args.num_processes - 1
+    try:
+        if args.process_id == 0:
+            with socket.create_server(("", int(port))) as server:
+                server.settimeout(max(0.0, deadline - time.time()))
+                for joined in range(others):
+                    server.accept()[0].close()
+            return
+        while True:
+            try:
+                return socket.create_connection((host, port), timeout=1).close()
+            except OSError:
+                if time.time() > deadline:
+                    raise
+                time.sleep(1)
+    except (OSError, ValueError) as e:
+        waited = (f"{joined} of the {others} other processes joined" if args.process_id == 0
+                  and isinstance(e, TimeoutError) else f"nothing answered ({e})")
+        raise ArgError(f"--coordinator-address {args.coordinator_address}: {waited} within "
+                       f"{JOIN_TIMEOUT_S} s") from None
+
+
+def start_processes(args: Args):
+    """--distributed (implied by its three flags): join the other processes (jax.distributed) and
+    check that the runs split evenly over them. Without an address JAX detects the cluster."""
+    if not (args.distributed or args.coordinator_address or args.num_processes
+            or args.process_id is not None):
+        return
+    if args.coordinator_address and 0 <= (args.process_id or 0) < (args.num_processes or 0):
+        meet(args)  # (an id out of range, or no count: JAX's own immediate error below)
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")  # collectives on CPU
+    jax.extend.backend.clear_backends()  # started by the checks (gymnax): JAX must join first
+    try:
+        jax.distributed.initialize(args.coordinator_address, args.num_processes, args.process_id,
+                                   initialization_timeout=JOIN_TIMEOUT_S)
+    except ValueError as e:  # JAX's own checks: no address or count given or found, id range
+        raise ArgError(f"--distributed: {e}") from None
+    runs, processes = len(grid(args)) * args.num_seeds, jax.process_count()
+    if runs % processes:
+        raise ArgError(f"{runs} runs (configurations x seeds) do not split over {processes} "
+                       "processes")
+
+
 def segments(args: Args, num_devices: Optional[int] = None, start=None):
     """Train each configuration of grid(args) on args.num_seeds seeds: pmap over the largest
-    number of local devices (at most num_devices) that divides the runs x vmap on each device,
-    in args.num_segments calls of one compiled program (the runner state stays on the devices).
+    number of local devices (at most num_devices) that divides this process's runs x vmap on
+    each device, in args.num_segments calls of one compiled program (the runner state stays on
+    the devices). With --distributed each process trains its contiguous share of the runs.
 
     Seed k gets the k-th split of PRNGKey(args.seed) in every configuration, whatever the layout.
-    Yields (runner, metrics, timing) after each segment: the runner as laid out on the devices,
-    [devices, runs per device, ...], and every update's metrics so far as numpy [runs, updates].
+    Yields (state, metrics, timing) after each segment, state and metrics as numpy [runs, ...]
+    leaves (every process's runs, configuration-major; metrics [runs, updates so far]).
     start: the (state, metrics) of a checkpoint, whose run this continues."""
     configs, seeds = grid(args), args.num_seeds
     runs = len(configs) * seeds
+    share = runs // jax.process_count()  # this process's runs (all of them without --distributed)
+    mine = slice(jax.process_index() * share, (jax.process_index() + 1) * share)
     limit = num_devices or jax.local_device_count()
-    devices = jax.local_devices()[: max(d for d in range(1, limit + 1) if runs % d == 0)]
+    devices = jax.local_devices()[: max(d for d in range(1, limit + 1) if share % d == 0)]
     keys = jnp.tile(jax.random.split(jax.random.PRNGKey(args.seed), seeds), (len(configs), 1))
     hp = {k: jnp.repeat(jnp.array([c[k] for c in configs], jnp.float32), seeds) for k in HPARAMS}
-    layout = lambda x: x.reshape(len(devices), runs // len(devices), *x.shape[1:])
+    layout = lambda x: x[mine].reshape(len(devices), share // len(devices), *x.shape[1:])
+    # Every process's share, in process order, as numpy arrays (process 0 alone writes them).
+    gather = lambda tree: multihost_utils.process_allgather(
+        jax.tree.map(lambda x: x.reshape(share, *x.shape[2:]), tree), tiled=True)
     keys, hp = jax.tree.map(layout, (keys, hp))
     train = make_train(args)
     length = -(-train.num_updates // args.num_segments)  # the last segment may run fewer
     init = jax.pmap(jax.vmap(train.init), devices=devices)
     advance = jax.pmap(jax.vmap(lambda hp, runner, valid: train.advance(hp, runner, length, valid),
-                                in_axes=(0, 0, None)),
-                       devices=devices, donate_argnums=1)
+                                in_axes=(0, 0, None)), devices=devices, donate_argnums=1)
     t0, hits = time.perf_counter(), len(CACHE_HITS)  # a hit from here on is training's
     if start is None:
         runner, metrics = init.lower(keys, hp).compile(COMPILER_OPTIONS)(keys, hp), None
@@ -510,35 +578,26 @@ def segments(args: Args, num_devices: Optional[int] = None, start=None):
     per_device = lambda valid: np.full(len(devices), valid, np.int32)
     advance = advance.lower(hp, runner, per_device(length)).compile(COMPILER_OPTIONS)
     compile_s, cached = time.perf_counter() - t0, len(CACHE_HITS) > hits
-    done = 0 if metrics is None else metrics["env_steps"].shape[1]
-    t_start = time.perf_counter()
+    done, t_start = 0 if metrics is None else metrics["env_steps"].shape[1], time.perf_counter()
     for first in range(done, train.num_updates, length):
         valid = min(length, train.num_updates - first)
         runner, new = advance(hp, runner, per_device(valid))
-        new = {k: np.asarray(v).reshape(runs, length)[:, :valid]
-               for k, v in jax.device_get(new).items()}
-        metrics = new if metrics is None else {k: np.concatenate([metrics[k], new[k]], axis=1)
-                                               for k in new}
+        new = jax.tree.map(lambda x: x[:, :valid], gather(new))
+        metrics = new if metrics is None else jax.tree.map(
+            lambda a, b: np.concatenate([a, b], axis=1), metrics, new)
         run_s = time.perf_counter() - t_start
-        timing = {"compile_s": compile_s, "run_s": run_s, "devices": len(devices),
-                  "cached": cached, "sps": runs * (first + valid - done) * args.num_envs
-                  * args.num_steps / run_s}
-        yield runner, metrics, timing
+        yield gather(runner), metrics, {
+            "compile_s": compile_s, "run_s": run_s, "cached": cached,
+            "devices": len(devices) * jax.process_count(),
+            "sps": runs * (first + valid - done) * args.num_envs * args.num_steps / run_s}
 
 
 def run(args: Args, num_devices: Optional[int] = None):
     """The whole sweep of segments(): (final runner state, metrics, timing), every leaf with a
     leading [num_seeds] axis, or [num_configs, num_seeds] for a sweep of several configurations."""
-    args = fill_defaults(args)
-    *_, (runner, metrics, timing) = segments(args, num_devices)
+    *_, (state, metrics, timing) = segments(args, num_devices)
     lead = (len(grid(args)), args.num_seeds) if len(grid(args)) > 1 else (args.num_seeds,)
-    by_seed = lambda x: np.asarray(x).reshape(*lead, *x.shape[1:])
-    return jax.tree.map(by_seed, flat_runs(runner)), jax.tree.map(by_seed, metrics), timing
-
-
-def flat_runs(runner: RunnerState) -> RunnerState:
-    """numpy leaves [runs, ...] (configuration-major) of a runner laid out on the devices."""
-    return jax.tree.map(lambda x: np.asarray(x).reshape(-1, *x.shape[2:]), jax.device_get(runner))
+    return *jax.tree.map(lambda x: x.reshape(*lead, *x.shape[1:]), (state, metrics)), timing
 
 
 # ============================================================================ 6. logging and output
@@ -567,16 +626,9 @@ def config_dirs(run_dir, args: Args) -> list:
         for config in grid(args)]
 
 
-def append_events(path, events):
-    with open(path, "ab") as f:
-        for event in events:
-            event.wall_time = time.time()
-            RecordWriter(f).write(event.SerializeToString())
-
-
 class Tensorboard:
-    """Event files written with the tensorboard package alone (no torch, no tensorflow): one per
-    run (seed_k), appended after each segment, so that `tensorboard --logdir` shows it live."""
+    """Event files written with the tensorboard package alone (no torch, no tensorflow), one per
+    run (seed_k), appended after each segment: `tensorboard --logdir` shows the run live."""
     TAGS = {"episode_return": "charts/episodic_return", "episode_length": "charts/episodic_length"}
 
     def __init__(self, run_dir, args: Args, done):  # done: the env_steps already written
@@ -592,44 +644,49 @@ class Tensorboard:
             for k in range(args.num_seeds):
                 self.paths.append(os.path.join(config_dir, f"seed_{k}", name))
                 os.makedirs(os.path.dirname(self.paths[-1]), exist_ok=True)
-                append_events(self.paths[-1], [Event(file_version="brain.Event:2"), first])
+                self.append(self.paths[-1], [Event(file_version="brain.Event:2"), first])
+
+    @staticmethod
+    def append(path, events):
+        with open(path, "ab") as f:
+            for event in events:
+                event.wall_time = time.time()
+                RecordWriter(f).write(event.SerializeToString())
 
     def write(self, metrics, sps):
         """Append the updates of `metrics` ([runs, updates so far]) not written yet."""
         new = {k: v[:, self.written:] for k, v in metrics.items()}
-        self.written = metrics["env_steps"].shape[1]
-        scalar = lambda tag, value, step: Event(step=int(step), summary=Summary(
-            value=[Summary.Value(tag=self.TAGS.get(tag, tag.replace("loss/", "losses/")),
-                                 simple_value=float(value))]))
-        steps = new.pop("env_steps")
+        self.written, steps = metrics["env_steps"].shape[1], new.pop("env_steps")
+        scalar = lambda tag, value, step: Event(step=int(step), summary=Summary(value=[
+            Summary.Value(tag=self.TAGS.get(tag, tag.replace("loss/", "losses/")),
+                          simple_value=float(value))]))
         for r, path in enumerate(self.paths):
-            append_events(path, [scalar(k, v[r, i], step) for i, step in enumerate(steps[r])
-                                 for k, v in new.items() if np.isfinite(v[r, i])]
-                          + [scalar("charts/SPS", sps, steps[r, -1])])
+            self.append(path, [scalar(k, v[r, i], step) for i, step in enumerate(steps[r])
+                               for k, v in new.items() if np.isfinite(v[r, i])]
+                        + [scalar("charts/SPS", sps, steps[r, -1])])
 
 
 def write_atomic(path, data: bytes):
-    """Write to a temporary name beside `path`, then rename it: a reader, or a crash, sees the
-    old file or the new one, never a part of one."""
-    with tempfile.NamedTemporaryFile(dir=os.path.dirname(path), prefix=".tmp.", delete=False) as f:
+    """Write beside `path`, then rename: a reader, or a crash, sees the old file or the new one."""
+    with tempfile.NamedTemporaryFile(dir=os.path.dirname(path), delete=False) as f:
         f.write(data)
         os.fsync(f.fileno())
     os.replace(f.name, path)
 
 
-def write_checkpoint(run_dir, args: Args, runner: RunnerState, metrics):
-    """Replace run_dir/checkpoint.msgpack: the arguments, every run's RunnerState and the metrics
-    so far, behind their SHA-256, so that a torn or altered file is refused. flax.serialization,
-    as for models: one file, written in milliseconds (orbax's asynchronous machinery, made for
-    sharded models of many GB, buys nothing here)."""
+def write_checkpoint(run_dir, args: Args, state: RunnerState, metrics):
+    """run_dir/checkpoint.msgpack: the arguments, every run's RunnerState and the metrics so far,
+    behind their SHA-256. flax.serialization, as for models: orbax's asynchronous, sharded
+    machinery buys nothing for a file of a few MB written between segments."""
     data = flax.serialization.msgpack_serialize({
         "args": json.dumps(dataclasses.asdict(args)), "metrics": metrics,
-        "state": flax.serialization.to_state_dict(flat_runs(runner))})
+        "state": flax.serialization.to_state_dict(state)})
     write_atomic(os.path.join(run_dir, "checkpoint.msgpack"), hashlib.sha256(data).digest() + data)
 
 
 # Flags a resumed run may change: they do not change what it computes.
-RESUME_MAY_CHANGE = ("track", "log_dir", "exp_name", "save_model", "compile_cache_dir", "resume")
+RESUME_MAY_CHANGE = ("track", "log_dir", "exp_name", "save_model", "compile_cache_dir", "resume",
+                     "distributed", "coordinator_address", "num_processes", "process_id")
 
 
 def read_checkpoint(args: Args, argv) -> tuple:
@@ -708,9 +765,12 @@ def main():
         check_one_value_flags(sys.argv[1:])  # before tyro, which would blame the value
         args = validate(tyro.cli(Args, description=__doc__.split("\n\n")[0]))
         args, checkpoint = read_checkpoint(args, sys.argv[1:]) if args.resume else (args, None)
+        start_processes(args)
         run_dir = args.resume or os.path.join(
             args.log_dir, f"{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}")
-        os.makedirs(run_dir, exist_ok=True)  # before anything compiles: --log-dir must work
+        writer = jax.process_index() == 0  # --distributed: process 0 alone writes and prints
+        if writer:
+            os.makedirs(run_dir, exist_ok=True)  # before anything compiles: --log-dir must work
     except (ArgError, OSError) as e:
         print(f"error: {e if isinstance(e, ArgError) else f'--log-dir: {e}'}", file=sys.stderr)
         sys.exit(2)
@@ -719,24 +779,27 @@ def main():
     compilation_cache.reset_cache()
     signal.signal(signal.SIGINT, stop_after_segment)
     start = checkpoint and (checkpoint["state"], checkpoint["metrics"])
-    board = args.track and Tensorboard(run_dir, args, start[1]["env_steps"] if start
-                                       else np.zeros((1, 0)))
-    for runner, metrics, timing in segments(args, start=start):
+    board = writer and args.track and Tensorboard(
+        run_dir, args, start[1]["env_steps"] if start else np.zeros((1, 0)))
+    for state, metrics, timing in segments(args, start=start):
         if board:
             board.write(metrics, timing["sps"])
-        write_checkpoint(run_dir, args, runner, metrics)
-        print(progress(args, metrics, timing), flush=True)
-        if STOP:
-            print(f"stopped with a checkpoint; continue with: python {sys.argv[0]} --resume "
-                  f"{run_dir}", flush=True)
+        if writer:
+            write_checkpoint(run_dir, args, state, metrics)
+            print(progress(args, metrics, timing), flush=True)
+        # Every process stops after the same segment: the others would wait for it forever.
+        if multihost_utils.process_allgather(np.int32(len(STOP))).any():
+            if writer:
+                print(f"stopped with a checkpoint; continue with: python {sys.argv[0]} --resume "
+                      f"{run_dir}", flush=True)
             sys.exit(130)
-    state, seeds = flat_runs(runner), args.num_seeds
-    pick = lambda tree, c: jax.tree.map(lambda x: x[c * seeds:(c + 1) * seeds], tree)
+    if not writer:
+        return
+    pick = lambda tree, c: jax.tree.map(lambda x: x[c * args.num_seeds:][:args.num_seeds], tree)
     for c, (one, config_dir) in enumerate(config_dirs(run_dir, args) if args.save_model else []):
         print(f"saved {save_model(config_dir, one, pick(state, c))}")
     print(summary(args, np.stack([final_returns(pick(metrics, c))
                                   for c in range(len(grid(args)))]), timing))
-
 
 if __name__ == "__main__":
     main()
