@@ -505,9 +505,9 @@ def meet(args: Args):
                 time.sleep(1)
     except (OSError, ValueError) as e:
         waited = (f"{joined} of the {others} other processes joined" if args.process_id == 0
-                  and isinstance(e, TimeoutError) else f"nothing answered ({e})")
+                  and isinstance(e, TimeoutError) else "nothing answered")
         raise ArgError(f"--coordinator-address {args.coordinator_address}: {waited} within "
-                       f"{JOIN_TIMEOUT_S} s") from None
+                       f"{JOIN_TIMEOUT_S} s ({e})") from None
 
 
 def start_processes(args: Args):
