@@ -247,51 +247,38 @@ def grid_moves(rows: int, cols: int, moves, walls=()) -> np.ndarray:
 
 
 # ---------------------------------------------------------------- GridWorld, as pure functions
-class GridWorld(NamedTuple):
-    """A GridWorld, static (baked into the compiled program); cells are indexed row * cols + col."""
-    start: int
-    goal: int
-    slip: float
-    max_steps: int
-    next_cell: np.ndarray
-
-
 class GridState(NamedTuple):
-    cell: jax.Array  # int32 cell index
+    cell: jax.Array  # int32 cell index: row * cols + col
     time: jax.Array  # steps since the last reset
 
 
-def make_gridworld(args: Args) -> GridWorld:
-    index = lambda cell: int(np.ravel_multi_index(cell, args.grid_size))
-    walls = [index(w) for w in args.walls]
-    return GridWorld(index(args.start), index(args.goal), float(args.slip),
-                     int(args.max_episode_steps), grid_moves(*args.grid_size, MOVES, walls))
-
-
 def gridworld_env(args: Args) -> TabularEnv:
-    world = make_gridworld(args)
-    terminal = np.arange(len(world.next_cell)) == world.goal  # and the goal alone pays 1
-    mix = (1.0 - world.slip) * np.eye(len(MOVES)) + world.slip / len(MOVES)  # or a random move
-    model = tabular_model(world.next_cell, mix, terminal.astype(float), terminal, world.start)
+    """The GridWorld of the flags, static: its layout is baked into the compiled program."""
+    index = lambda cell: int(np.ravel_multi_index(cell, args.grid_size))
+    start, goal, slip = index(args.start), index(args.goal), float(args.slip)
+    next_cell = grid_moves(*args.grid_size, MOVES, [index(w) for w in args.walls])
+    terminal = np.arange(len(next_cell)) == goal  # and the goal alone pays 1
+    mix = (1.0 - slip) * np.eye(len(MOVES)) + slip / len(MOVES)  # or a random move
+    model = tabular_model(next_cell, mix, terminal.astype(float), terminal, start)
 
     def reset(key, n):
-        state = GridState(jnp.full(n, world.start, jnp.int32), jnp.zeros(n, jnp.int32))
+        state = GridState(jnp.full(n, start, jnp.int32), jnp.zeros(n, jnp.int32))
         return state.cell, state
 
     def step(key, state, action):
         """One step of every GridWorld, reset at the goal or the time limit. With probability slip
         (u < slip, one uniform u per env) the move goes in a random direction instead, and given
         that, u / slip is uniform on [0, 1) and picks it."""
-        if world.slip > 0:
+        if slip > 0:
             u = jax.random.uniform(key, action.shape)
-            random_move = (u / world.slip * len(MOVES)).astype(jnp.int32)
-            action = jnp.where(u < world.slip, jnp.minimum(random_move, len(MOVES) - 1), action)
-        cell = jnp.asarray(world.next_cell)[state.cell, action]  # final_obs, before any reset
+            random_move = (u / slip * len(MOVES)).astype(jnp.int32)
+            action = jnp.where(u < slip, jnp.minimum(random_move, len(MOVES) - 1), action)
+        cell = jnp.asarray(next_cell)[state.cell, action]  # final_obs, before any reset
         time = state.time + 1
-        terminated = cell == world.goal
-        truncated = time >= world.max_steps
+        terminated = cell == goal
+        truncated = time >= args.max_episode_steps
         done = terminated | truncated
-        state = GridState(jnp.where(done, world.start, cell), jnp.where(done, 0, time))
+        state = GridState(jnp.where(done, start, cell), jnp.where(done, 0, time))
         return state.cell, state, terminated.astype(jnp.float32), terminated, truncated, cell
 
     return TabularEnv(reset, step, model, tuple(args.grid_size))
