@@ -733,14 +733,14 @@ def save_model(model_dir, args: Args, state: RunnerState):
 def plot_q_values(run_dir, args: Args, state: RunnerState):
     """Heat maps of max_a Q per cell (seed 0, agent 0) beside max_a Q*, with arrows for the greedy
     actions, S the start and T the terminal cells; walls and unreachable cells are blank."""
-    import matplotlib.pyplot as plt
-    plt.switch_backend("Agg")
+    from matplotlib.figure import Figure  # no pyplot: no GUI backend, no global figure to close
 
     env = make_env(args)
     model = env.model
     shown = model_reachable(model)
     moves = MOVES if args.env_id == "GridWorld-v0" else LAKE_MOVES
-    fig, axes = plt.subplots(1, 2, figsize=(10, 4.5))
+    fig = Figure(figsize=(10, 4.5))
+    axes = fig.subplots(1, 2)
     q, q_star = state.agents.q[0, 0], state.q_star[0]  # [S, A] each
     for ax, table, title in [(axes[0], q, "learned max_a Q (seed 0, agent 0)"),
                              (axes[1], q_star, "optimal max_a Q* (value iteration)")]:
@@ -760,7 +760,6 @@ def plot_q_values(run_dir, args: Args, state: RunnerState):
     os.makedirs(run_dir, exist_ok=True)
     path = os.path.join(run_dir, "q_values.png")
     fig.savefig(path, dpi=100)
-    plt.close(fig)
     return path
 
 
