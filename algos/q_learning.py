@@ -613,10 +613,8 @@ def run(args: Args, num_devices: Optional[int] = None):
 
 # ============================================================================ 6. logging and output
 def progress(args: Args, metrics, timing) -> str:
-    """The line printed after each segment: steps so far, the last update's return, how many
-    greedy actions are optimal and how far Q is from Q*, speed."""
-    last = {k: metrics[k][:, -1] for k in ("episode_return", "stats/greedy_optimal",
-                                           "stats/q_error")}
+    """The line printed after each segment: the last update of every run, averaged."""
+    last = {k: v[:, -1] for k, v in metrics.items()}
     returns = last["episode_return"][np.isfinite(last["episode_return"])]
     line = f"return {np.mean(returns):6.3f}" if len(returns) else "no episode finished yet"
     runs = "seeds" if len(metrics["env_steps"]) == args.num_seeds else "runs"
