@@ -340,17 +340,14 @@ def value_iteration(P, R, terminal, gamma, tol=1e-7, max_iters=100_000):
 
 
 # ============================================================================ 3. Q-table and policy
-# This file's "network": a table q [num_states, num_actions] per agent, the epsilon-greedy policy
-# that reads it and the Q-learning update that writes it, all pure functions of one agent that the
-# training loop vmaps over the agents.
+# This file's "network": a table q [num_states, num_actions] per agent, read by the epsilon-greedy
+# policy and written by the Q-learning update, pure functions of one agent that training vmaps.
 
 def epsilon_greedy(q_row, epsilon, u):
-    """Action of one agent from its Q-values q_row [A] and one uniform u ~ U[0, 1).
-
-    u < epsilon explores: a uniformly random action. Otherwise greedy, with ties broken uniformly
-    at random among the maximal actions (argmax alone would always pick action 0 while Q is all
-    zeros). One number serves both draws: given the side of epsilon it fell on, the rescaled u is
-    again uniform on [0, 1), and it picks the k-th of the candidate actions."""
+    """Action of one agent from its Q-values q_row [A] and one uniform u ~ U[0, 1): u < epsilon
+    explores (a uniformly random action), else greedy with ties broken at random (argmax alone
+    would always pick action 0 while Q is all zeros). One number serves both draws: given the side
+    of epsilon it fell on, the rescaled u is again uniform on [0, 1) and picks a candidate."""
     explore = u < epsilon
     candidates = explore | (q_row == q_row.max())
     u_pick = jnp.where(explore, u / epsilon, (u - epsilon) / (1.0 - epsilon))
@@ -360,9 +357,8 @@ def epsilon_greedy(q_row, epsilon, u):
 
 
 def q_update(q, s, a, reward, terminated, s_next, learning_rate, gamma):
-    """Watkins' update of one agent's table q [S, A] after the step (s, a, reward, s_next):
-    Q(s, a) += lr * (reward + gamma * max_a' Q(s_next, a') - Q(s, a)), with no bootstrap from a
-    terminal s_next (a truncated episode does bootstrap). Returns the new table and the TD error."""
+    """Watkins' update of one agent's table q [S, A] after the step (s, a, reward, s_next), with no
+    bootstrap from a terminal s_next (a truncated episode does bootstrap): (new q, TD error)."""
     target = reward + gamma * jnp.where(terminated, 0.0, q[s_next].max())
     td_error = target - q[s][a]  # q[s], not q[s, a]: the same row the policy read (XLA shares it)
     return q.at[s, a].add(learning_rate * td_error), td_error
