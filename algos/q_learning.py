@@ -399,11 +399,10 @@ def block_size(num_agents: int, bytes_per_agent: int) -> int:
 
 def make_train(args: Args):
     """train(key, hp) -> (final RunnerState, metrics [num_updates]): one run, its HPARAMS values
-    hp as traced scalars, in one program. The same run in pieces, as the command line calls it:
-    train.init(key, hp) -> RunnerState, then train.advance(hp, runner, length, valid) ->
-    (runner, metrics [length]) repeatedly. One agent runs ~9x slower unless this module was
-    imported before JAX's first operation (see the small-loop setting under the imports) or
-    XLA_FLAGS sets it."""
+    hp as traced scalars, in one program; the command line runs it in pieces: train.init(key, hp),
+    then train.advance(hp, runner, length, valid) -> (runner, metrics [length]) repeatedly. One
+    agent runs ~9x slower unless this module was imported before JAX's first operation (see the
+    small-loop setting under the imports) or XLA_FLAGS sets it."""
     env = make_env(args)
     model = env.model
     N = args.num_agents
