@@ -412,8 +412,7 @@ def make_train(args: Args):
     scored = jnp.asarray(model_reachable(model) & ~model.terminal)  # where greedy_optimal looks
 
     # The per-agent functions of section 3, vmapped over the agents (schedules are shared).
-    read_rows = jax.vmap(lambda q, s: q[s])
-    policy = jax.vmap(epsilon_greedy, in_axes=(0, None, 0))
+    policy = jax.vmap(lambda q, s, eps, u: epsilon_greedy(q[s], eps, u), in_axes=(0, 0, None, 0))
     update = jax.vmap(q_update, in_axes=(0, 0, 0, 0, 0, 0, None, None))
     mark_visited = jax.vmap(lambda visited, s, a: visited.at[s, a].set(True))
 
@@ -426,7 +425,7 @@ def make_train(args: Args):
             t / (args.exploration_fraction * args.total_timesteps), 1)
         lr = hp["learning_rate"] * (1 - t / args.total_timesteps if args.anneal_lr else 1)
         u = jax.random.uniform(k_act, agents.obs.shape)
-        action = policy(read_rows(agents.q, agents.obs), epsilon, u)
+        action = policy(agents.q, agents.obs, epsilon, u)
         obs, env_state, reward, terminated, truncated, final_obs = env.step(
             k_env, agents.env_state, action)
         q, td_error = update(agents.q, agents.obs, action, reward, terminated, final_obs, lr,
