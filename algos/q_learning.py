@@ -406,9 +406,8 @@ def make_train(args: Args):
     env = make_env(args)
     model = env.model
     N = args.num_agents
-    num_states, num_actions = model.R.shape
     num_updates = args.total_timesteps // args.num_steps
-    num_blocks = N // block_size(N, num_states * num_actions * 5)  # float32 q + bool visited
+    num_blocks = N // block_size(N, model.R.size * 5)  # [S, A] float32 q and bool visited
     scored = jnp.asarray(model_reachable(model) & ~model.terminal)  # where greedy_optimal looks
 
     # The per-agent functions of section 3, vmapped over the agents (schedules are shared).
@@ -476,9 +475,8 @@ def make_train(args: Args):
     def init(key, hp) -> RunnerState:
         k_env, k_run = jax.random.split(key)
         obs, env_state = env.reset(k_env, N)
-        agents = Agents(jnp.zeros((N, num_states, num_actions)),
-                        jnp.zeros((N, num_states, num_actions), bool), env_state, obs,
-                        jnp.zeros(N), jnp.zeros(N, jnp.int32))
+        agents = Agents(jnp.zeros((N, *model.R.shape)), jnp.zeros((N, *model.R.shape), bool),
+                        env_state, obs, jnp.zeros(N), jnp.zeros(N, jnp.int32))
         q_star = value_iteration(model.P, model.R, model.terminal, hp["gamma"])
         return RunnerState(agents, k_run, q_star, jnp.int32(0))
 
