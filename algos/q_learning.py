@@ -233,7 +233,7 @@ def tabular_model(next_cell, mix, reward, terminal, start: int) -> TabularModel:
     leads from s to next_cell[s, b], and arriving at s' pays reward[s']; terminal states end it."""
     S = len(next_cell)
     P = mix @ np.eye(S)[next_cell]  # [A, B] @ [S, B, S']: P[s, a, s']
-    P[terminal] = np.eye(S)[terminal][:, None, :]  # never used: episodes end there
+    P[terminal] = np.eye(S)[terminal][:, None, :]  # stay put: Q* is 0 where episodes end
     return TabularModel(P, P @ reward * ~terminal[:, None], terminal, start)
 
 
