@@ -234,7 +234,7 @@ def tabular_model(next_cell, mix, reward, terminal, start: int) -> TabularModel:
     leads from s to next_cell[s, b], and arriving at s' pays reward[s']; terminal states end it."""
     S = len(next_cell)
     P = mix @ np.eye(S)[next_cell]  # [A, B] @ [S, B, S']: P[s, a, s']
-    P[terminal] = np.eye(S)[terminal][:, None, :]  # never used: episodes end there
+    P[terminal] = np.eye(S)[terminal][:, None, :]  # stay put: Q* is 0 where episodes end
     return TabularModel(P, P @ reward * ~terminal[:, None], terminal, start)
 
 
@@ -248,51 +248,38 @@ def grid_moves(rows: int, cols: int, moves, walls=()) -> np.ndarray:
 
 
 # ---------------------------------------------------------------- GridWorld, as pure functions
-class GridWorld(NamedTuple):
-    """A GridWorld, static (baked into the compiled program); cells are indexed row * cols + col."""
-    start: int
-    goal: int
-    slip: float
-    max_steps: int
-    next_cell: np.ndarray
-
-
 class GridState(NamedTuple):
-    cell: jax.Array  # int32 cell index
+    cell: jax.Array  # int32 cell index: row * cols + col
     time: jax.Array  # steps since the last reset
 
 
-def make_gridworld(args: Args) -> GridWorld:
-    index = lambda cell: int(np.ravel_multi_index(cell, args.grid_size))
-    walls = [index(w) for w in args.walls]
-    return GridWorld(index(args.start), index(args.goal), float(args.slip),
-                     int(args.max_episode_steps), grid_moves(*args.grid_size, MOVES, walls))
-
-
 def gridworld_env(args: Args) -> TabularEnv:
-    world = make_gridworld(args)
-    terminal = np.arange(len(world.next_cell)) == world.goal  # and the goal alone pays 1
-    mix = (1.0 - world.slip) * np.eye(len(MOVES)) + world.slip / len(MOVES)  # or a random move
-    model = tabular_model(world.next_cell, mix, terminal.astype(float), terminal, world.start)
+    """The GridWorld of the flags, static: its layout is baked into the compiled program."""
+    index = lambda cell: int(np.ravel_multi_index(cell, args.grid_size))
+    start, goal, slip = index(args.start), index(args.goal), float(args.slip)
+    next_cell = grid_moves(*args.grid_size, MOVES, [index(w) for w in args.walls])
+    terminal = np.arange(len(next_cell)) == goal  # and the goal alone pays 1
+    mix = (1.0 - slip) * np.eye(len(MOVES)) + slip / len(MOVES)  # or a random move
+    model = tabular_model(next_cell, mix, terminal.astype(float), terminal, start)
 
     def reset(key, n):
-        state = GridState(jnp.full(n, world.start, jnp.int32), jnp.zeros(n, jnp.int32))
+        state = GridState(jnp.full(n, start, jnp.int32), jnp.zeros(n, jnp.int32))
         return state.cell, state
 
     def step(key, state, action):
         """One step of every GridWorld, reset at the goal or the time limit. With probability slip
         (u < slip, one uniform u per env) the move goes in a random direction instead, and given
         that, u / slip is uniform on [0, 1) and picks it."""
-        if world.slip > 0:
+        if slip > 0:
             u = jax.random.uniform(key, action.shape)
-            random_move = (u / world.slip * len(MOVES)).astype(jnp.int32)
-            action = jnp.where(u < world.slip, jnp.minimum(random_move, len(MOVES) - 1), action)
-        cell = jnp.asarray(world.next_cell)[state.cell, action]  # final_obs, before any reset
+            random_move = (u / slip * len(MOVES)).astype(jnp.int32)
+            action = jnp.where(u < slip, jnp.minimum(random_move, len(MOVES) - 1), action)
+        cell = jnp.asarray(next_cell)[state.cell, action]  # final_obs, before any reset
         time = state.time + 1
-        terminated = cell == world.goal
-        truncated = time >= world.max_steps
+        terminated = cell == goal
+        truncated = time >= args.max_episode_steps
         done = terminated | truncated
-        state = GridState(jnp.where(done, world.start, cell), jnp.where(done, 0, time))
+        state = GridState(jnp.where(done, start, cell), jnp.where(done, 0, time))
         return state.cell, state, terminated.astype(jnp.float32), terminated, truncated, cell
 
     return TabularEnv(reset, step, model, tuple(args.grid_size))
@@ -354,17 +341,14 @@ def value_iteration(P, R, terminal, gamma, tol=1e-7, max_iters=100_000):
 
 
 # ============================================================================ 3. Q-table and policy
-# This file's "network": a table q [num_states, num_actions] per agent, the epsilon-greedy policy
-# that reads it and the Q-learning update that writes it, all pure functions of one agent that the
-# training loop vmaps over the agents.
+# This file's "network": a table q [num_states, num_actions] per agent, read by the epsilon-greedy
+# policy and written by the Q-learning update, pure functions of one agent that training vmaps.
 
 def epsilon_greedy(q_row, epsilon, u):
-    """Action of one agent from its Q-values q_row [A] and one uniform u ~ U[0, 1).
-
-    u < epsilon explores: a uniformly random action. Otherwise greedy, with ties broken uniformly
-    at random among the maximal actions (argmax alone would always pick action 0 while Q is all
-    zeros). One number serves both draws: given the side of epsilon it fell on, the rescaled u is
-    again uniform on [0, 1), and it picks the k-th of the candidate actions."""
+    """Action of one agent from its Q-values q_row [A] and one uniform u ~ U[0, 1): u < epsilon
+    explores (a uniformly random action), else greedy with ties broken at random (argmax alone
+    would always pick action 0 while Q is all zeros). One number serves both draws: given the side
+    of epsilon it fell on, the rescaled u is again uniform on [0, 1) and picks a candidate."""
     explore = u < epsilon
     candidates = explore | (q_row == q_row.max())
     u_pick = jnp.where(explore, u / epsilon, (u - epsilon) / (1.0 - epsilon))
@@ -374,9 +358,8 @@ def epsilon_greedy(q_row, epsilon, u):
 
 
 def q_update(q, s, a, reward, terminated, s_next, learning_rate, gamma):
-    """Watkins' update of one agent's table q [S, A] after the step (s, a, reward, s_next):
-    Q(s, a) += lr * (reward + gamma * max_a' Q(s_next, a') - Q(s, a)), with no bootstrap from a
-    terminal s_next (a truncated episode does bootstrap). Returns the new table and the TD error."""
+    """Watkins' update of one agent's table q [S, A] after the step (s, a, reward, s_next), with no
+    bootstrap from a terminal s_next (a truncated episode does bootstrap): (new q, TD error)."""
     target = reward + gamma * jnp.where(terminated, 0.0, q[s_next].max())
     td_error = target - q[s][a]  # q[s], not q[s, a]: the same row the policy read (XLA shares it)
     return q.at[s, a].add(learning_rate * td_error), td_error
@@ -417,22 +400,19 @@ def block_size(num_agents: int, bytes_per_agent: int) -> int:
 
 def make_train(args: Args):
     """train(key, hp) -> (final RunnerState, metrics [num_updates]): one run, its HPARAMS values
-    hp as traced scalars, in one program. The same run in pieces, as the command line calls it:
-    train.init(key, hp) -> RunnerState, then train.advance(hp, runner, length, valid) ->
-    (runner, metrics [length]) repeatedly. One agent runs ~9x slower unless this module was
-    imported before JAX's first operation (see the small-loop setting under the imports) or
-    XLA_FLAGS sets it."""
+    hp as traced scalars, in one program; the command line runs it in pieces: train.init(key, hp),
+    then train.advance(hp, runner, length, valid) -> (runner, metrics [length]) repeatedly. One
+    agent runs ~9x slower unless this module was imported before JAX's first operation (see the
+    small-loop setting under the imports) or XLA_FLAGS sets it."""
     env = make_env(args)
     model = env.model
     N = args.num_agents
-    num_states, num_actions = model.R.shape
     num_updates = args.total_timesteps // args.num_steps
-    num_blocks = N // block_size(N, num_states * num_actions * 5)  # float32 q + bool visited
+    num_blocks = N // block_size(N, model.R.size * 5)  # [S, A] float32 q and bool visited
     scored = jnp.asarray(model_reachable(model) & ~model.terminal)  # where greedy_optimal looks
 
     # The per-agent functions of section 3, vmapped over the agents (schedules are shared).
-    read_rows = jax.vmap(lambda q, s: q[s])
-    policy = jax.vmap(epsilon_greedy, in_axes=(0, None, 0))
+    policy = jax.vmap(lambda q, s, eps, u: epsilon_greedy(q[s], eps, u), in_axes=(0, 0, None, 0))
     update = jax.vmap(q_update, in_axes=(0, 0, 0, 0, 0, 0, None, None))
     mark_visited = jax.vmap(lambda visited, s, a: visited.at[s, a].set(True))
 
@@ -445,7 +425,7 @@ def make_train(args: Args):
             t / (args.exploration_fraction * args.total_timesteps), 1)
         lr = hp["learning_rate"] * (1 - t / args.total_timesteps if args.anneal_lr else 1)
         u = jax.random.uniform(k_act, agents.obs.shape)
-        action = policy(read_rows(agents.q, agents.obs), epsilon, u)
+        action = policy(agents.q, agents.obs, epsilon, u)
         obs, env_state, reward, terminated, truncated, final_obs = env.step(
             k_env, agents.env_state, action)
         q, td_error = update(agents.q, agents.obs, action, reward, terminated, final_obs, lr,
@@ -496,9 +476,8 @@ def make_train(args: Args):
     def init(key, hp) -> RunnerState:
         k_env, k_run = jax.random.split(key)
         obs, env_state = env.reset(k_env, N)
-        agents = Agents(jnp.zeros((N, num_states, num_actions)),
-                        jnp.zeros((N, num_states, num_actions), bool), env_state, obs,
-                        jnp.zeros(N), jnp.zeros(N, jnp.int32))
+        agents = Agents(jnp.zeros((N, *model.R.shape)), jnp.zeros((N, *model.R.shape), bool),
+                        env_state, obs, jnp.zeros(N), jnp.zeros(N, jnp.int32))
         q_star = value_iteration(model.P, model.R, model.terminal, hp["gamma"])
         return RunnerState(agents, k_run, q_star, jnp.int32(0))
 
@@ -645,10 +624,8 @@ def run(args: Args, num_devices: Optional[int] = None):
 
 # ============================================================================ 6. logging and output
 def progress(args: Args, metrics, timing) -> str:
-    """The line printed after each segment: steps so far, the last update's return, how many
-    greedy actions are optimal and how far Q is from Q*, speed."""
-    last = {k: metrics[k][:, -1] for k in ("episode_return", "stats/greedy_optimal",
-                                           "stats/q_error")}
+    """The line printed after each segment: the last update of every run, averaged."""
+    last = {k: v[:, -1] for k, v in metrics.items()}
     returns = last["episode_return"][np.isfinite(last["episode_return"])]
     line = f"return {np.mean(returns):6.3f}" if len(returns) else "no episode finished yet"
     runs = "seeds" if len(metrics["env_steps"]) == args.num_seeds else "runs"
@@ -766,14 +743,14 @@ def save_model(model_dir, args: Args, state: RunnerState):
 def plot_q_values(run_dir, args: Args, state: RunnerState):
     """Heat maps of max_a Q per cell (seed 0, agent 0) beside max_a Q*, with arrows for the greedy
     actions, S the start and T the terminal cells; walls and unreachable cells are blank."""
-    import matplotlib.pyplot as plt
-    plt.switch_backend("Agg")
+    from matplotlib.figure import Figure  # no pyplot: no GUI backend, no global figure to close
 
     env = make_env(args)
     model = env.model
     shown = model_reachable(model)
     moves = MOVES if args.env_id == "GridWorld-v0" else LAKE_MOVES
-    fig, axes = plt.subplots(1, 2, figsize=(10, 4.5))
+    fig = Figure(figsize=(10, 4.5))
+    axes = fig.subplots(1, 2)
     q, q_star = state.agents.q[0, 0], state.q_star[0]  # [S, A] each
     for ax, table, title in [(axes[0], q, "learned max_a Q (seed 0, agent 0)"),
                              (axes[1], q_star, "optimal max_a Q* (value iteration)")]:
@@ -793,7 +770,6 @@ def plot_q_values(run_dir, args: Args, state: RunnerState):
     os.makedirs(run_dir, exist_ok=True)
     path = os.path.join(run_dir, "q_values.png")
     fig.savefig(path, dpi=100)
-    plt.close(fig)
     return path
 
 

@@ -84,12 +84,14 @@ def numpy_workload(config: dict) -> dict:
     args = ql.Args()
     (lr0,), (gamma,), (start_e,), (end_e,) = (args.learning_rate, args.gamma, args.start_e,
                                              args.end_e)
-    world = ql.make_gridworld(args)
+    index = lambda cell: int(np.ravel_multi_index(cell, args.grid_size))  # the file's numbering
+    start, goal = index(args.start), index(args.goal)
+    next_cells = ql.grid_moves(*args.grid_size, ql.MOVES, [index(w) for w in args.walls])
     rng = np.random.default_rng(0)
-    q = np.zeros(world.next_cell.shape)
-    visited = np.zeros(world.next_cell.shape, bool)
+    q = np.zeros(next_cells.shape)
+    visited = np.zeros(next_cells.shape, bool)
     steps, explore_steps = config["steps"], args.exploration_fraction * config["steps"]
-    cell, time_in_episode = world.start, 0
+    cell, time_in_episode = start, 0
     t0 = time.perf_counter()
     for t in range(steps):
         epsilon = start_e + (end_e - start_e) * min(t / explore_steps, 1.0)
@@ -100,15 +102,15 @@ def numpy_workload(config: dict) -> dict:
         else:  # greedy, ties broken at random
             best = np.flatnonzero(row == row.max())
             action = best[rng.integers(len(best))]
-        move = rng.integers(4) if rng.random() < world.slip else action
-        next_cell = world.next_cell[cell, move]
-        terminated = next_cell == world.goal
+        move = rng.integers(4) if rng.random() < args.slip else action
+        next_cell = next_cells[cell, move]
+        terminated = next_cell == goal
         time_in_episode += 1
         target = float(terminated) + gamma * (0.0 if terminated else q[next_cell].max())
         q[cell, action] += lr * (target - q[cell, action])
         visited[cell, action] = True
-        if terminated or time_in_episode >= world.max_steps:
-            cell, time_in_episode = world.start, 0
+        if terminated or time_in_episode >= args.max_episode_steps:
+            cell, time_in_episode = start, 0
         else:
             cell = next_cell
     run_s = time.perf_counter() - t0
