@@ -492,30 +492,30 @@ JOIN_TIMEOUT_S = 60  # --distributed: a process that has not joined the others b
 
 
 def meet(args: Args):
-    """Before JAX joins the processes (and aborts one whose peers never come, with no word of why):
-    process 0 waits at the coordinator address until the others have knocked, and they knock
-    until it answers; after JOIN_TIMEOUT_S either one stops with a one-line error."""
+    """Before JAX joins the processes (it would abort one whose peers never come, with no word of
+    why), process 0 waits at the coordinator address until every other process has knocked, and
+    they knock until it answers. After JOIN_TIMEOUT_S, a one-line error."""
     host, _, port = args.coordinator_address.rpartition(":")
-    deadline, others = time.time() + JOIN_TIMEOUT_S, args.num_processes - 1
+    deadline, joined = time.time() + JOIN_TIMEOUT_S, 0
     try:
         if args.process_id == 0:
             with socket.create_server(("", int(port))) as server:
-                server.settimeout(max(0.0, deadline - time.time()))
-                for joined in range(others):
+                server.settimeout(JOIN_TIMEOUT_S)
+                for joined in range(args.num_processes - 1):
                     server.accept()[0].close()
-            return
-        while True:
-            try:
-                return socket.create_connection((host, port), timeout=1).close()
-            except OSError:
-                if time.time() > deadline:
-                    raise
-                time.sleep(1)
+        while args.process_id:  # the others knock until process 0 answers
+            with socket.socket() as knock:
+                if knock.connect_ex((host, int(port))) == 0:
+                    break
+            if time.time() > deadline:
+                raise OSError(f"nothing answered within {JOIN_TIMEOUT_S} s")
+            time.sleep(1)
+    except TimeoutError:
+        raise ArgError(f"--coordinator-address {args.coordinator_address}: {joined} of the "
+                       f"{args.num_processes - 1} other processes joined within "
+                       f"{JOIN_TIMEOUT_S} s") from None
     except (OSError, ValueError) as e:
-        waited = (f"{joined} of the {others} other processes joined" if args.process_id == 0
-                  and isinstance(e, TimeoutError) else "nothing answered")
-        raise ArgError(f"--coordinator-address {args.coordinator_address}: {waited} within "
-                       f"{JOIN_TIMEOUT_S} s ({e})") from None
+        raise ArgError(f"--coordinator-address {args.coordinator_address}: {e}") from None
 
 
 def start_processes(args: Args):
