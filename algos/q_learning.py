@@ -601,17 +601,20 @@ def segments(args: Args, num_devices: Optional[int] = None, start=None):
     advance = advance.lower(hp, runner, per_device(length)).compile(COMPILER_OPTIONS)
     compile_s, cached = time.perf_counter() - t0, len(CACHE_HITS) > hits
     done, t_start = 0 if metrics is None else metrics["env_steps"].shape[1], time.perf_counter()
+    valid = lambda first: min(length, train.num_updates - first)
+    out = advance(hp, runner, per_device(valid(done)))
     for first in range(done, train.num_updates, length):
-        valid = min(length, train.num_updates - first)
-        runner, new = advance(hp, runner, per_device(valid))
-        new = jax.tree.map(lambda x: x[:, :valid], gather(new))
+        state, new = gather(out)  # (this waits for the segment)
+        if first + length < train.num_updates:  # the next one runs while the host writes this one
+            out = advance(hp, out[0], per_device(valid(first + length)))
+        new = jax.tree.map(lambda x: x[:, :valid(first)], new)
         metrics = new if metrics is None else jax.tree.map(
             lambda a, b: np.concatenate([a, b], axis=1), metrics, new)
         run_s = time.perf_counter() - t_start
-        yield gather(runner), metrics, {
+        yield state, metrics, {
             "compile_s": compile_s, "run_s": run_s, "cached": cached,
             "devices": len(devices) * jax.process_count(),
-            "sps": runs * (first + valid - done) * args.num_steps * args.num_agents / run_s}
+            "sps": runs * (first + valid(first) - done) * args.num_steps * args.num_agents / run_s}
 
 
 def run(args: Args, num_devices: Optional[int] = None):
@@ -718,7 +721,10 @@ def read_checkpoint(args: Args, argv) -> tuple:
         checkpoint = flax.serialization.msgpack_restore(data)
     except (OSError, ValueError) as e:
         raise ArgError(f"--resume {args.resume}: no usable checkpoint ({e})") from None
-    saved, typed = json.loads(checkpoint["args"]), {a.split("=")[0] for a in argv}
+    steps, saved = checkpoint["metrics"]["env_steps"], json.loads(checkpoint["args"])
+    if steps[0, -1] / saved["num_agents"] + saved["num_steps"] > saved["total_timesteps"]:
+        raise ArgError(f"--resume {args.resume}: that run is finished (no whole update left)")
+    typed = {a.split("=")[0] for a in argv}
     for k, v in saved.items():
         if (k not in RESUME_MAY_CHANGE and "--" + k.replace("_", "-") in typed
                 and json.loads(json.dumps(getattr(args, k))) != v):
