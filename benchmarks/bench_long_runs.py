@@ -21,7 +21,7 @@ reader, which stops at a record still being written) until they hold a scalar: w
 the whole process's time (target: before half of it).
 
 Not part of the default `benchmarks/run.py` run: about 10 minutes on a quiet 2-core machine
-(27 processes, `ppo.py --num-envs 2048` most of them), past the full run's 25-minute budget."""
+(26 processes, `ppo.py --num-envs 2048` most of the time), past the full run's 25-minute budget."""
 from __future__ import annotations
 
 import argparse
