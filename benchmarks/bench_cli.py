@@ -10,8 +10,9 @@ compiles; "warm": the same directory again, filled by the cold run (a user's sec
 solve: from the process's launch until every seed's per-update score had reached the command's
 threshold (common.COMMANDS). One process per row: a single measurement each, not a median.
 
-Also what ppo.py's implementation choices buy (its LLVM -O1 compile, its in-jit progress callbacks):
-`ppo.py --num-seeds 8` trained twice per program, each choice undone in turn, in one process."""
+Also what ppo.py's implementation choices buy or cost (its LLVM -O1 compile, its segments: one
+compiled program called once per segment, a checkpoint after each): `ppo.py --num-seeds 8` trained
+twice per program, each choice undone in turn, in one process."""
 from __future__ import annotations
 
 import sys
@@ -28,10 +29,11 @@ NAMES = ("ppo", "ppo_pendulum", "vpg", "vpg_pendulum", "q_learning")  # of commo
 QUICK = {"q_learning": ["--num-seeds", "2", "--total-timesteps", "2000"]}
 CHOICES = ("ppo", ["--num-seeds", str(SEEDS)], 2)  # command, flags, runs of each; not --quick
 PROGRAMS = {  # the file's implementation choices, each undone in turn (choices_worker)
-    "file": "the file as it is (LLVM -O1, progress callbacks)",
+    "file": "the file as typed (LLVM -O1, default segments, a checkpoint after each)",
     "llvm_o2": "XLA's default LLVM optimisation level instead of -O1",
-    "no_progress": "no progress callbacks",
+    "one_segment": "`--num-segments 1`: the whole run in one call, one checkpoint at the end",
 }
+EXTRA_FLAGS = {"one_segment": ["--num-segments", "1"]}  # the choice as a flag of the file
 LAST = {}  # name -> {"cold": result, "warm": result} of the latest run() (peers.py reads it)
 
 
@@ -39,17 +41,14 @@ def choices_worker(config: dict) -> dict:
     """One command as typed, config["runs"] times per program of PROGRAMS in turn (one
     compilation cache: each program's first run compiles, the others load it): compile_s and
     run_s of each run."""
-    import jax
-
     algo = common.import_algo(config["file"])
-    options, callback = algo.COMPILER_OPTIONS, jax.debug.callback
+    options = algo.COMPILER_OPTIONS
     flags = [*config["flags"], "--no-track", "--compile-cache-dir", config["cache"]]
     out = {}
     for program in PROGRAMS:
         algo.COMPILER_OPTIONS = {} if program == "llvm_o2" else options
-        jax.debug.callback = (lambda *a, **k: None) if program == "no_progress" else callback
-        timings = [common.run_as_typed(config["file"], flags)["timing"]
-                   for _ in range(config["runs"])]
+        timings = [common.run_as_typed(config["file"], flags + EXTRA_FLAGS.get(program, []))
+                   ["timing"] for _ in range(config["runs"])]
         out[program] = {k: [t[k] for t in timings] for k in ("compile_s", "run_s")}
     return out
 
@@ -69,8 +68,11 @@ def choices_table() -> str:
             "run: median):\n\n" + common.md_table(
                 ["program", "compile s (cold)", "run s", "compile vs the file",
                  "run vs the file"], rows)
-            + f"\n\nThe progress callbacks cost "
-              f"{100 * (run_s['file'] / run_s['no_progress'] - 1):+.1f}% of the run time.")
+            + f"\n\nSegments cost {100 * (run_s['file'] / run_s['one_segment'] - 1):+.1f}% of "
+              "the run time. Both run times end when the last segment returns, before its "
+              "checkpoint: the file's holds its other segments' checkpoints and the calls between "
+              "them. benchmarks/bench_long_runs.py times both as whole processes, with "
+              "tensorboard.")
 
 
 def row(result: dict, label: str, threshold: float) -> list:

@@ -1,16 +1,19 @@
 """Weak scaling of --distributed on this machine: one sweep as 1 process x 2 devices and as
 2 processes x 1 device (127.0.0.1, gloo collectives), whole-process wall time as a user types it.
 
-    python benchmarks/bench_distributed.py [--repeats 3] [--quick]
+    python benchmarks/bench_distributed.py [--repeats 3] [--only ppo,q_learning] [--quick]
 
 Both layouts put the same runs on each device, so they compute the same numbers; the difference is
 the price of the distributed path (two interpreters, joining, gathering the results to process 0).
 Each measurement starts with a warm compilation cache of its own layout, so compile time is the
-same small cost on both sides; the cold compile is what both pay on the first run."""
+same small cost on both sides; the cold compile is what both pay on the first run. Every command
+runs as typed, but with --no-track and --log-dir in a temporary directory: process 0 still
+gathers every segment's state and writes a checkpoint after it, a cost of the distributed path.
+Target (issue 19): 2 processes x 1 core within 10% of 1 process x 2 devices. Duration on a quiet
+2-core machine: about 3 minutes for ppo, 8 for q_learning (2 layouts x (1 + repeats) runs)."""
 from __future__ import annotations
 
 import argparse
-import os
 import shutil
 import socket
 import statistics
@@ -23,12 +26,12 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common  # noqa: E402
 
-# file -> flags of a sweep (16 runs: 2 configurations x 8 seeds); only q_learning.py has
-# --distributed so far (issue 11: ppo.py and vpg.py are at their line budgets)
+# file -> flags of a sweep (16 runs: 2 configurations x 8 seeds)
 SWEEPS = {
+    "ppo": ["--learning-rate", "2.5e-3", "1e-3", "--num-seeds", "8"],
     "q_learning": ["--learning-rate", "0.1", "0.2", "--num-seeds", "8", "--num-agents", "1024"],
 }
-QUICK = {"q_learning": ["--total-timesteps", "2000"]}
+QUICK = {"ppo": ["--total-timesteps", "20480"], "q_learning": ["--total-timesteps", "2000"]}
 
 
 def free_port() -> int:
@@ -39,32 +42,33 @@ def free_port() -> int:
 
 def one_layout(name: str, flags: list[str], processes: int, cache: str) -> float:
     """Whole-process seconds until every process of the layout has exited."""
-    env = {k: v for k, v in os.environ.items() if k not in common.DEVICE_SETTINGS}
-    env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={2 // processes}"
-    command = [sys.executable, str(common.ALGOS / f"{name}.py"), *flags, "--no-track",
-               "--compile-cache-dir", cache]
+    env = {**common.user_env(),
+           "XLA_FLAGS": f"--xla_force_host_platform_device_count={2 // processes}"}
     if processes > 1:
-        command += ["--distributed", "--coordinator-address", f"127.0.0.1:{free_port()}",
-                    "--num-processes", str(processes)]
-    t0 = time.perf_counter()
+        flags = [*flags, "--distributed", "--coordinator-address", f"127.0.0.1:{free_port()}",
+                 "--num-processes", str(processes)]
     # One core per process: unpinned, each 1-device process's XLA threads spread over both cores
-    # and the two oversubscribe them (measured: 120 s instead of 58 s for the sweep below).
+    # and the two oversubscribe them (measured on q_learning's sweep: 120 s instead of 58 s).
     pin = lambda i: ["taskset", "-c", str(i)] if processes > 1 and shutil.which("taskset") else []
-    procs = [subprocess.Popen(pin(i) + command + (["--process-id", str(i)] if processes > 1
-                                                  else []),
-                              env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for i in range(processes)]
-    for proc in procs:
-        _, err = proc.communicate(timeout=1800)
-        if proc.returncode:
-            raise RuntimeError(f"{name} x{processes}: exit {proc.returncode}: {err[-2000:]}")
-    return time.perf_counter() - t0
+    with tempfile.TemporaryDirectory() as log_dir:  # the run directory: process 0's checkpoints
+        command = [sys.executable, str(common.ALGOS / f"{name}.py"), *flags, "--no-track",
+                   "--compile-cache-dir", cache, "--log-dir", log_dir]
+        t0 = time.perf_counter()
+        procs = [subprocess.Popen(pin(i) + command + (["--process-id", str(i)] if processes > 1
+                                                      else []), env=env, stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, text=True)
+                 for i in range(processes)]
+        for proc in procs:
+            _, err = proc.communicate(timeout=1800)
+            if proc.returncode:
+                raise RuntimeError(f"{name} x{processes}: exit {proc.returncode}: {err[-2000:]}")
+        return time.perf_counter() - t0
 
 
-def run(repeats: int, quick: bool) -> str:
+def run(repeats: int, quick: bool, names=tuple(SWEEPS)) -> str:
     rows = []
-    for name, flags in SWEEPS.items():
-        flags = flags + (QUICK[name] if quick else [])
+    for name in names:
+        flags = SWEEPS[name] + (QUICK[name] if quick else [])
         times = {}
         for processes in (1, 2):
             with tempfile.TemporaryDirectory() as cache:
@@ -72,6 +76,7 @@ def run(repeats: int, quick: bool) -> str:
                 times[processes] = [one_layout(name, flags, processes, cache)
                                     for _ in range(repeats)]
         one, two = statistics.median(times[1]), statistics.median(times[2])
+        print(f"  {name}: 1 process {one:.1f} s, 2 processes {two:.1f} s", flush=True)
         rows.append([f"`{name}.py {' '.join(flags)}`", f"{one:.1f}", f"{two:.1f}",
                      f"{100 * (two / one - 1):+.0f}%",
                      " / ".join(f"{t:.1f}" for t in times[1] + times[2])])
@@ -84,8 +89,13 @@ def run(repeats: int, quick: bool) -> str:
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--only", default=",".join(SWEEPS),
+                        help=f"comma list out of {','.join(SWEEPS)}")
     parser.add_argument("--quick", action="store_true", help="tiny budgets: checks the script")
     opts = parser.parse_args()
+    names = [name for name in opts.only.split(",") if name]
+    if set(names) - set(SWEEPS):
+        parser.error(f"--only: choose from {', '.join(SWEEPS)}")
     print(f"load average at the start: {common.load_average()}", flush=True)
-    print(run(opts.repeats, opts.quick))
+    print(run(opts.repeats, opts.quick, names))
     print(f"load average at the end: {common.load_average()}")

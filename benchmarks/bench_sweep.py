@@ -26,13 +26,15 @@ SEEDS = 8
 
 
 def whole_process(flags: list[str], cache: str) -> float:
-    t0 = time.perf_counter()
-    proc = subprocess.run([sys.executable, str(common.ALGOS / "ppo.py"), *flags, "--no-track",
-                           "--compile-cache-dir", cache], capture_output=True, text=True,
-                          cwd=common.ROOT)
+    with tempfile.TemporaryDirectory() as log_dir:  # its run directory (checkpoints) goes here
+        t0 = time.perf_counter()
+        proc = subprocess.run([sys.executable, str(common.ALGOS / "ppo.py"), *flags, "--no-track",
+                               "--compile-cache-dir", cache, "--log-dir", log_dir],
+                              capture_output=True, text=True, cwd=common.ROOT)
+        seconds = time.perf_counter() - t0
     if proc.returncode != 0:
         raise RuntimeError(proc.stderr[-2000:])
-    return time.perf_counter() - t0
+    return seconds
 
 
 def run(quick: bool) -> str:

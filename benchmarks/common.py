@@ -12,6 +12,7 @@ import platform
 import resource
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -156,6 +157,12 @@ def time_calls(fn, repeats: int):
 DEVICE_SETTINGS = ("XLA_FLAGS", "JAX_NUM_CPU_DEVICES")  # what a file reads to choose its devices
 
 
+def user_env() -> dict:
+    """This process's environment without the device settings: a command started with it picks
+    its devices as a user's command would."""
+    return {k: v for k, v in os.environ.items() if k not in DEVICE_SETTINGS}
+
+
 def run_worker(script: Path, config: dict, timeout: float = 3600, env: dict | None = None,
                python: str | None = None, as_user: bool = False) -> dict:
     """Run `python script --worker JSON` in a fresh process; its last stdout line is a JSON dict.
@@ -164,8 +171,7 @@ def run_worker(script: Path, config: dict, timeout: float = 3600, env: dict | No
     and its own peak memory. The result gains `process_s` (the process's wall time, from launch)
     and `launched_at` (time.time() at launch). as_user: without the device settings of this
     process's environment, so the workload picks its devices as a user's command would."""
-    full_env = {k: v for k, v in os.environ.items() if not (as_user and k in DEVICE_SETTINGS)}
-    full_env.update(env or {})
+    full_env = {**(user_env() if as_user else os.environ), **(env or {})}
     launched_at, t0 = time.time(), time.perf_counter()
     proc = subprocess.run(
         [python or sys.executable, str(script), "--worker", json.dumps(config)],
@@ -190,32 +196,48 @@ def worker_entry(fn) -> bool:
     return False
 
 
-def import_algo(name: str):
-    """Import algos/<name>.py as a module (the files are scripts, not a package)."""
-    if str(ALGOS) not in sys.path:
-        sys.path.insert(0, str(ALGOS))
+def import_algo(name: str, folder: Path = ALGOS):
+    """Import folder/<name>.py (default algos/) as a module (the files are scripts, not a
+    package)."""
+    if str(folder) not in sys.path:
+        sys.path.insert(0, str(folder))
     return __import__(name)
 
 
 # ----------------------------------------------------------------------------- commands as typed
-def run_as_typed(name: str, flags: list[str]) -> dict:
-    """In this process: `python algos/<name>.py FLAGS`, the file's own main() on its own command
-    line, with its run() wrapped to keep what it returns and when it returned (time.time())."""
+def run_as_typed(name: str, flags: list[str], folder: Path = ALGOS) -> dict:
+    """In this process: `python algos/<name>.py FLAGS --log-dir TMP`, the file's own main() on its
+    own command line (its run directory, checkpoints included, in a temporary directory removed
+    afterwards). Keeps the args, metrics and timing of the last segment its segments() yielded,
+    and when it came (time.time(): `returned_at`); a file without segments() (is_eval.py, ppo.py
+    before the segmented runs) has its run() wrapped instead. folder: default algos/."""
     import jax
 
-    algo = import_algo(name)
-    inner = algo.__dict__.setdefault("unwrapped_run", algo.run)  # the same on every call
+    algo = import_algo(name, folder)
     kept = {"algo": algo}
+    keep = lambda args, metrics, timing: kept.update(  # noqa: E731
+        args=args, metrics=jax.device_get(metrics), timing=timing, returned_at=time.time())
+    if hasattr(algo, "segments"):
+        inner = algo.__dict__.setdefault("unwrapped_segments", algo.segments)  # wrapped once
 
-    def run(args, *a, **k):
-        state, metrics, timing = inner(args, *a, **k)
-        kept.update(args=args, metrics=jax.device_get(metrics), timing=timing,
-                    returned_at=time.time())
-        return state, metrics, timing
+        def segments(args, *a, **k):
+            for state, metrics, timing in inner(args, *a, **k):
+                keep(args, metrics, timing)
+                yield state, metrics, timing
 
-    algo.run = run
-    sys.argv = [str(ALGOS / f"{name}.py"), *flags]
-    algo.main()
+        algo.segments = segments
+    else:
+        inner = algo.__dict__.setdefault("unwrapped_run", algo.run)
+
+        def run(args, *a, **k):
+            state, metrics, timing = inner(args, *a, **k)
+            keep(args, metrics, timing)
+            return state, metrics, timing
+
+        algo.run = run
+    with tempfile.TemporaryDirectory() as log_dir:
+        sys.argv = [str(Path(folder) / f"{name}.py"), *flags, "--log-dir", log_dir]
+        algo.main()
     return kept
 
 
@@ -259,10 +281,11 @@ def command_worker(config: dict) -> dict:
 
 
 def run_command(name: str, flags: list[str], threshold: float, cache_dir: str) -> dict:
-    """`python algos/<name>.py FLAGS --no-track --compile-cache-dir CACHE_DIR` in a fresh process,
-    on the devices the file picks itself. Adds, per configuration and seed, `reach_s`: seconds
-    from the process's launch to the end of the update in which the seed first reached the
-    threshold (updates taken as equally long), None if it never did."""
+    """`python algos/<name>.py FLAGS --no-track --compile-cache-dir CACHE_DIR` in a fresh process
+    (and --log-dir in a temporary directory: run_as_typed), on the devices the file picks
+    itself. Adds, per configuration and seed, `reach_s`: seconds from the process's launch to the
+    end of the update in which the seed first reached the threshold (updates taken as equally
+    long), None if it never did."""
     r = run_worker(Path(__file__), {"file": name, "threshold": threshold, "flags": [
         *flags, "--no-track", "--compile-cache-dir", cache_dir]}, as_user=True)
     run_start = r["returned_at"] - r["run_s"] - r["launched_at"]

@@ -6,13 +6,16 @@
     python benchmarks/run.py --quick    # the pipeline on tiny budgets, under a minute
     python benchmarks/run.py --only commands,q_learning
     python benchmarks/run.py --only envs  # every gymnax env, PPO and VPG beside a random policy
+    python benchmarks/run.py --only long_runs  # segments vs one program, checkpoints, live
+                                               # tensorboard (about 10 minutes)
 
 Writes RESULTS.md (all tables, machine header and load averages first, the time of every section
 last) and the PNGs into --out (default benchmarks/results/). A full run into the default folder
 also refreshes the block of README.md between the results markers, so the README always shows the
 latest full results. Run it alone on the machine: numbers from a loaded machine go in no table.
 Every workload runs in its own process (common.run_worker). The envs section (well over an hour
-on 2 cores) runs only when --only names it, and writes ENVS.md, never RESULTS.md nor the README.
+on 2 cores) and the long_runs section (about 10 minutes: it would break the budget below) run
+only when --only names them, and write ENVS.md and LONG_RUNS.md, never RESULTS.md nor the README.
 
 Time budget of the full run on 2 cores, in seconds (estimated from measurements on a quiet
 machine; RESULTS.md ends with each section's real time):
@@ -50,11 +53,12 @@ SECTIONS = {  # selector -> module (in the order of RESULTS.md)
     "q_learning": "bench_q_learning",
     "is_eval": "bench_is_eval",
     "envs": "bench_envs",
+    "long_runs": "bench_long_runs",
     "peers": "peers",  # with --peers, after the others (its own requirements)
 }
 ALL = ("commands", "robustness", "q_learning", "is_eval")  # the default run
 QUICK_COST = {"commands": 2, "robustness": 3, "q_learning": 1, "is_eval": 4}  # relative, --quick
-OPTIONAL = ("envs",)  # run only when --only names them; written to <NAME>.md
+OPTIONAL = ("envs", "long_runs")  # run only when --only names them; written to <NAME>.md
 README_START, README_END = "<!-- results:start -->", "<!-- results:end -->"
 FAILED = []  # sections that raised: reported in their place, then the run exits non-zero
 
@@ -106,6 +110,8 @@ def main(argv=None):
             print(text)
     chosen = [name for name in ALL if name in selected]
     if not chosen:
+        if FAILED:  # an optional section alone: its failure fails the run too
+            sys.exit(f"failed sections: {', '.join(FAILED)} (see {opts.out})")
         return
     # --quick: two sections at a time, the longest first (its times mean nothing); the full
     # run: one at a time.

@@ -81,3 +81,30 @@ def test_readme_shows_the_latest_results():
 
     assert block.strip() == bench_run.readme_block(results.read_text()).strip()
     parse_tables(block)
+
+
+def test_live_check_reads_the_scalars_ppo_appends_while_it_runs(tmp_path):
+    """bench_long_runs.scalar_steps on event files as ppo.py's Tensorboard writes them: the
+    hyperparameter table is no scalar, a segment's scalars count once appended, and a record
+    still being written (a torn tail) is left for the next read, not an error."""
+    import io
+
+    from tensorboard.summary.writer.record_writer import RecordWriter
+
+    import ppo
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import bench_long_runs
+
+    args = ppo.fill_defaults(ppo.Args(num_seeds=2))
+    board = ppo.Tensorboard(tmp_path, args, np.zeros((1, 0)))
+    assert bench_long_runs.scalar_steps(tmp_path) == []
+    segment = lambda *steps: {"env_steps": np.array([steps, steps]), "episode_return": np.full(
+        (2, len(steps)), 20.0), "loss/value": np.full((2, len(steps)), 0.5)}
+    board.write(segment(2048, 4096), sps=1e5)
+    assert sorted(set(bench_long_runs.scalar_steps(tmp_path))) == [2048, 4096]
+    torn = io.BytesIO()
+    RecordWriter(torn).write(b"x" * 100)
+    with open(board.paths[0], "ab") as f:
+        f.write(torn.getvalue()[:-7])
+    assert sorted(set(bench_long_runs.scalar_steps(tmp_path))) == [2048, 4096]
