@@ -721,15 +721,15 @@ def read_checkpoint(args: Args, argv) -> tuple:
         checkpoint = flax.serialization.msgpack_restore(data)
     except (OSError, ValueError) as e:
         raise ArgError(f"--resume {args.resume}: no usable checkpoint ({e})") from None
-    steps, saved = checkpoint["metrics"]["env_steps"], json.loads(checkpoint["args"])
-    if steps[0, -1] / saved["num_agents"] + saved["num_steps"] > saved["total_timesteps"]:
-        raise ArgError(f"--resume {args.resume}: that run is finished (no whole update left)")
-    typed = {a.split("=")[0] for a in argv}
+    saved, typed = json.loads(checkpoint["args"]), {a.split("=")[0] for a in argv}
     for k, v in saved.items():
         if (k not in RESUME_MAY_CHANGE and "--" + k.replace("_", "-") in typed
                 and json.loads(json.dumps(getattr(args, k))) != v):
             raise ArgError(f"--{k.replace('_', '-')} differs from the checkpoint's {v}: --resume "
                            "continues the run as it was started")
+    steps = checkpoint["metrics"]["env_steps"]
+    if steps[0, -1] / saved["num_agents"] + saved["num_steps"] > saved["total_timesteps"]:
+        raise ArgError(f"--resume {args.resume}: that run is finished (no whole update left)")
     return dataclasses.replace(args, **{
         k: tuple(map(tuple, v)) if k == "walls" else tuple(v) if isinstance(v, list) else v
         for k, v in saved.items() if k not in RESUME_MAY_CHANGE}), checkpoint

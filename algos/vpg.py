@@ -13,8 +13,9 @@ Run it:
 
 Expect (64 seeds, RESULTS.md): CartPole-v1 ends at 500 on 63 of 64 seeds; Pendulum-v1 climbs from
 -1230 (random actions) to a mean of -606, bimodal over seeds (21 of 64 reach -250): below PPO.
-Flags left unset take per-action-kind defaults (ENV_DEFAULTS below) and rules that derive
-the rollout length, minibatch count and budget from --num-envs (see `fill_defaults`).
+Flags left unset come from the preset of the env (PRESETS below). The command line trains in
+segments, writing progress, tensorboard scalars and a checkpoint after each: `--resume RUN_DIR`
+continues a stopped run.
 """
 
 # ============================================================================ imports
@@ -29,7 +30,7 @@ import sys
 import tempfile
 import time
 from functools import partial
-from typing import NamedTuple, Optional
+from typing import Literal, NamedTuple, Optional
 
 import jax
 
@@ -94,50 +95,55 @@ class Args:
     process_id: Optional[int] = None
     """--distributed: this process's index, 0 to num_processes - 1 (default: detected)"""
 
-
-    # Algorithm. Fields left at None take a per-environment or derived default (fill_defaults).
+    # Algorithm. A field left at None comes from the preset of --env-id (PRESETS below), else from
+    # a rule of `resolve`; the summary and tensorboard show the resolved values.
     # Flags marked "sweep" take several values: all combinations train in one program (HPARAMS).
     total_timesteps: Optional[int] = None
-    """environment steps per seed (default: 300k continuous; discrete max(300k, 1.5 * episode
-    step limit * num_envs), so every env lives through a few episodes)"""
+    """environment steps per seed (rule: max(300k, 1.5 * episode step limit * num_envs), so
+    every env lives through a few episodes)"""
     num_envs: Optional[int] = None
-    """parallel environments per seed (default: 32 for discrete, 8 for continuous actions)"""
+    """parallel environments per seed"""
     num_steps: Optional[int] = None
-    """steps per environment per rollout (default: 2048 // num_envs clipped to [16, 128] for
-    discrete actions, 32 for continuous ones)"""
+    """steps per environment per rollout (rule: 2048 // num_envs clipped to [16, 128])"""
     num_minibatches: Optional[int] = None
-    """minibatches per epoch (default: batch / 512 clipped to [4, 32], a divisor of the batch)"""
+    """minibatches per epoch (rule: batch / 512 clipped to [4, 32], a divisor of the batch)"""
     update_epochs: Optional[int] = None
-    """value-function passes over each batch (default: 4)"""
+    """value-function passes over each batch"""
     learning_rate: Optional[tuple[float, ...]] = None
-    """sweep: Adam step size, annealed linearly to 0 with --anneal-lr (default: 2.5e-3 discrete,
-    5e-3 continuous actions)"""
+    """sweep: Adam step size, annealed linearly to 0 with --anneal-lr"""
     anneal_lr: bool = True
     """anneal the learning rate linearly to 0 over the run"""
     gamma: Optional[tuple[float, ...]] = None
-    """sweep: discount factor (default: 0.99 discrete, 0.95 continuous actions)"""
+    """sweep: discount factor"""
     gae_lambda: Optional[tuple[float, ...]] = None
-    """sweep: lambda of GAE(lambda) (default: 0.95)"""
+    """sweep: lambda of GAE(lambda)"""
     ent_coef: Optional[tuple[float, ...]] = None
-    """sweep: entropy bonus coefficient (default: 0.01 discrete, 0 continuous actions)"""
+    """sweep: entropy bonus coefficient"""
     max_grad_norm: tuple[float, ...] = (0.5,)
     """sweep: global gradient-norm clip"""
-    hidden_size: int = 64
-    """width of the two hidden layers of the actor and of the critic"""
+    network: Optional[Literal["mlp", "cnn"]] = None
+    """separate MLPs on the flattened observation, or MinAtar's convolution (image observations)"""
+    hidden_size: Optional[int] = None
+    """width of the MLPs' two hidden layers"""
     normalize_obs: Optional[bool] = None
-    """running observation normalisation (default: on for continuous actions)"""
+    """running observation normalisation"""
     normalize_reward: Optional[bool] = None
-    """scale rewards by a running std of the discounted return (default: on for continuous)"""
+    """scale rewards by a running std of the discounted return"""
+    capture_gif: bool = False
+    """after training, draw one episode of seed 0's policy into episode.gif (gymnax's Visualizer)"""
 
 
-# Defaults by action kind, tuned on CartPole-v1 (500 on most seeds by 300k steps at 32 envs) and
-# Pendulum-v1 (small batches, as VPG needs many policy steps; gamma=0.95 suits its dense reward).
-ENV_DEFAULTS = {
-    "discrete": dict(update_epochs=4, learning_rate=2.5e-3, gamma=0.99, gae_lambda=0.95,
-                     ent_coef=0.01),
-    "continuous": dict(num_envs=8, num_steps=32, update_epochs=4, learning_rate=5e-3,
-                       gamma=0.95, gae_lambda=0.95, ent_coef=0.0, total_timesteps=300_000),
-}
+# Presets: what each sets (a flag the user gives wins) and where it comes from. An env without an
+# entry takes its action kind's; what neither sets follows the rules of `resolve`.
+DISCRETE = dict(  # tuned on CartPole-v1: 500 on 63 of 64 seeds by 300k steps (RESULTS.md)
+    num_envs=32, update_epochs=4, learning_rate=2.5e-3, gamma=0.99, gae_lambda=0.95,
+    ent_coef=0.01, network="mlp", hidden_size=64, normalize_obs=False, normalize_reward=False)
+CONTINUOUS = dict(  # Pendulum-v1: small batches, as VPG needs many policy steps; gamma 0.95, a
+    num_envs=8, num_steps=32, update_epochs=4, learning_rate=5e-3,  # short horizon, suits its
+    gamma=0.95, gae_lambda=0.95, ent_coef=0.0, total_timesteps=300_000,  # dense reward
+    network="mlp", hidden_size=64, normalize_obs=True, normalize_reward=True)
+PRESETS = {"discrete": DISCRETE, "continuous": CONTINUOUS, "CartPole-v1": DISCRETE,
+           "Pendulum-v1": CONTINUOUS}
 # The float hyperparameters, which change no array shape nor loop length, and the rule of each:
 # several values sweep their grid, and train() takes them as traced values, not constants.
 UNIT, NON_NEGATIVE = ("in [0, 1]", lambda x: 0 <= x <= 1), (">= 0", lambda x: x >= 0)
@@ -149,28 +155,24 @@ class ArgError(ValueError):
     """A flag broke a rule: reported as one line with exit status 2, before anything compiles."""
 
 
-def fill_defaults(args: Args) -> Args:
-    """Resolve every None field from the environment kind and --num-envs (idempotent)."""
-    env, env_params = gymnax.make(args.env_id)
-    continuous = isinstance(env.action_space(env_params), spaces.Box)
+def resolve(args: Args, env, env_params) -> Args:
+    """Every None field from the preset of --env-id, then from the rules that follow --num-envs."""
+    kind = "continuous" if isinstance(env.action_space(env_params), spaces.Box) else "discrete"
     args = dataclasses.replace(args, **{
         k: (v,) if k in HPARAMS else v
-        for k, v in ENV_DEFAULTS["continuous" if continuous else "discrete"].items()
-        if getattr(args, k) is None})
-    num_envs = args.num_envs or 32
-    num_steps = args.num_steps or int(np.clip(2048 // num_envs, 16, 128))
-    batch_size, most = num_envs * num_steps, int(np.clip(num_envs * num_steps // 512, 4, 32))
+        for k, v in PRESETS.get(args.env_id, PRESETS[kind]).items() if getattr(args, k) is None})
+    num_steps = args.num_steps or int(np.clip(2048 // args.num_envs, 16, 128))
+    batch_size = args.num_envs * num_steps
+    most = int(np.clip(batch_size // 512, 4, 32))
     # An env needs a whole episode (500 steps in CartPole-v1) before it reports a return.
-    budget = max(300_000, int(1.5 * env_params.max_steps_in_episode * num_envs))
+    total = args.total_timesteps or max(300_000, int(1.5 * env_params.max_steps_in_episode
+                                                     * args.num_envs))
     return dataclasses.replace(
-        args, num_envs=num_envs, num_steps=num_steps,
+        args, num_steps=num_steps, total_timesteps=total,
         num_minibatches=args.num_minibatches or max(  # the largest count <= most dividing it
             d for d in range(1, most + 1) if batch_size % d == 0),
-        total_timesteps=args.total_timesteps or budget,
-        num_segments=args.num_segments or max(10, -(-(args.total_timesteps or budget) * len(
-            grid(args)) * args.num_seeds // 2**24)),
-        normalize_obs=continuous if args.normalize_obs is None else args.normalize_obs,
-        normalize_reward=continuous if args.normalize_reward is None else args.normalize_reward)
+        num_segments=args.num_segments or max(10, -(-total * len(grid(args)) * args.num_seeds
+                                                    // 2**24)))
 
 
 def grid(args: Args) -> list:
@@ -190,13 +192,7 @@ def check_one_value_flags(argv):
 
 
 def validate(args: Args) -> Args:
-    """Check every flag before anything is compiled; returns the args with defaults filled."""
-    try:  # an unknown id, or an env that cannot be built here (MNISTBandit-bsuite downloads data)
-        env, env_params = gymnax.make(args.env_id)
-    except Exception as e:
-        raise ArgError(f"--env-id {args.env_id!r} cannot be built: {e!r}".splitlines()[0]) from None
-    if not isinstance(env.action_space(env_params), (spaces.Discrete, spaces.Box)):
-        raise ArgError(f"--env-id {args.env_id!r} has an action space VPG here does not handle")
+    """Check every flag and resolve the defaults (resolve), before anything is compiled."""
     for name in ("num_seeds", "num_envs", "num_steps", "num_minibatches", "update_epochs",
                  "hidden_size", "total_timesteps", "num_segments"):
         if getattr(args, name) is not None and getattr(args, name) < 1:
@@ -205,14 +201,24 @@ def validate(args: Args) -> Args:
         for x in getattr(args, name) or ():
             if not holds(x):
                 raise ArgError(f"--{name.replace('_', '-')} must be {rule} (got {x})")
-    args = fill_defaults(args)
-    batch_size = args.num_envs * args.num_steps
+    try:  # an unknown id, or an env that cannot be built here (MNISTBandit-bsuite downloads data)
+        env, env_params = gymnax.make(args.env_id)
+    except Exception as e:
+        raise ArgError(f"--env-id {args.env_id!r} cannot be built: {e!r}".splitlines()[0]) from None
+    if not isinstance(env.action_space(env_params), (spaces.Discrete, spaces.Box)):
+        raise ArgError(f"--env-id {args.env_id!r} has an action space VPG here does not handle")
+    args = resolve(args, env, env_params)
+    batch_size, obs_shape = args.num_envs * args.num_steps, env.observation_space(env_params).shape
     if batch_size % args.num_minibatches:
         raise ArgError(f"--num-minibatches {args.num_minibatches} must divide the batch "
                        f"num_envs * num_steps = {batch_size}")
     if args.total_timesteps < batch_size:
         raise ArgError(f"--total-timesteps {args.total_timesteps} is less than one batch "
                        f"(num_envs * num_steps = {batch_size})")
+    if args.network == "cnn" and len(obs_shape) != 3:
+        raise ArgError(f"--network cnn needs image observations; {args.env_id}'s are {obs_shape}")
+    if args.capture_gif and (why := undrawable(env, env_params)):
+        raise ArgError(f"--capture-gif cannot draw {args.env_id} here: {why}")
     return args
 
 
@@ -240,19 +246,36 @@ def normalize(obs, stats: RunningStats, enabled: bool):
 
 
 # ============================================================================ 3. network
+class MinAtarCNN(nn.Module):
+    """MinAtar's network (Young & Tian 2019, https://arxiv.org/abs/1903.03176): 16 filters of 3x3
+    (no padding) and a dense layer of 128, relu, on [..., H, W, C] (any leading axes). The
+    convolution is a dense layer on the 3x3 patches: XLA's CPU convolution, vmapped over seeds (a
+    kernel each), becomes a grouped convolution many times slower than this matmul."""
+
+    @nn.compact
+    def __call__(self, x):
+        dense = lambda size: nn.Dense(size, kernel_init=nn.initializers.orthogonal(np.sqrt(2)))
+        h, w = x.shape[-3] - 2, x.shape[-2] - 2
+        x = nn.relu(dense(16)(jnp.concatenate([x[..., i:i + h, j:j + w, :]
+                                               for i in range(3) for j in range(3)], axis=-1)))
+        return nn.relu(dense(128)(x.reshape(*x.shape[:-3], -1)))
+
+
 class ActorCritic(nn.Module):
-    """Separate tanh MLPs for the policy and the value; orthogonal initialisation."""
+    """The policy and the value as separate networks, orthogonal initialisation: tanh MLPs (on
+    flattened observations), or MinAtar's convolution under a linear head."""
     action_dim: int
     continuous: bool
     hidden_size: int = 64
+    network: str = "mlp"
 
     def setup(self):
         dense = lambda size, scale: nn.Dense(size, kernel_init=nn.initializers.orthogonal(scale))
-        mlp = lambda out, scale: nn.Sequential([dense(self.hidden_size, np.sqrt(2)), nn.tanh,
-                                                dense(self.hidden_size, np.sqrt(2)), nn.tanh,
-                                                dense(out, scale)])
-        self.actor = mlp(self.action_dim, 0.01)
-        self.critic = mlp(1, 1.0)
+        torso = lambda: [MinAtarCNN()] if self.network == "cnn" else [
+            dense(self.hidden_size, np.sqrt(2)), nn.tanh, dense(self.hidden_size, np.sqrt(2)),
+            nn.tanh]
+        self.actor = nn.Sequential(torso() + [dense(self.action_dim, 0.01)])
+        self.critic = nn.Sequential(torso() + [dense(1, 1.0)])
         if self.continuous:
             self.log_std = self.param("log_std", nn.initializers.zeros, (self.action_dim,))
 
@@ -334,18 +357,18 @@ def make_train(args: Args):
     HPARAMS values hp (a dict of scalars) as traced arguments, in one program. The same run in
     pieces, as the command line calls it: train.init(key, hp) -> RunnerState, then
     train.advance(hp, runner, length, valid) -> (runner, metrics [length]) repeatedly."""
-    args = fill_defaults(args)
     env, env_params = gymnax.make(args.env_id)
     action_space = env.action_space(env_params)
     continuous = isinstance(action_space, spaces.Box)
-    # Observations of any rank (MinAtar's grids) are flattened for the MLP.
-    obs_shape = (int(np.prod(env.observation_space(env_params).shape)),)
-    as_vectors = lambda obs: obs.reshape(args.num_envs, -1).astype(jnp.float32)
+    # The MLP takes observations of any rank (MinAtar's grids) flattened; the CNN, images.
+    obs_shape = env.observation_space(env_params).shape
+    obs_shape = obs_shape if args.network == "cnn" else (int(np.prod(obs_shape)),)
+    as_inputs = lambda obs: obs.reshape(-1, *obs_shape).astype(jnp.float32)
     action_dim = action_space.shape[0] if continuous else action_space.n
     batch_size = args.num_envs * args.num_steps
     minibatch_size = batch_size // args.num_minibatches
     num_updates = args.total_timesteps // batch_size
-    network = ActorCritic(action_dim, continuous, args.hidden_size)
+    network = ActorCritic(action_dim, continuous, args.hidden_size, args.network)
 
     # The policy step (`policy_tx`) and the value steps (`tx`) each move only their own part of the
     # parameters, with their own Adam moments: a shared Adam would move the actor in value steps.
@@ -391,12 +414,12 @@ def make_train(args: Args):
             else reward
         episode_return = runner.episode_return + reward
         episode_length = runner.episode_length + 1
-        final_obs = normalize(as_vectors(info["final_observation"]), obs_stats, args.normalize_obs)
+        final_obs = normalize(as_inputs(info["final_observation"]), obs_stats, args.normalize_obs)
         transition = Transition(obs, action, log_prob, scaled_reward, final_obs, terminated,
                                 truncated)
         finished = (done.sum(), (episode_return * done).sum(), (episode_length * done).sum())
         runner = runner._replace(
-            env_state=env_state, obs=as_vectors(next_obs), obs_stats=obs_stats,
+            env_state=env_state, obs=as_inputs(next_obs), obs_stats=obs_stats,
             return_stats=return_stats, discounted_return=jnp.where(done, 0.0, discounted_return),
             episode_return=jnp.where(done, 0.0, episode_return),
             episode_length=jnp.where(done, 0, episode_length), key=key)
@@ -456,7 +479,7 @@ def make_train(args: Args):
         obs, env_state = vreset(jax.random.split(k_env, args.num_envs), env_params)
         return RunnerState(
             params=params, policy_opt_state=policy_tx.init(params), opt_state=tx.init(params),
-            env_state=env_state, obs=as_vectors(obs), obs_stats=RunningStats.create(obs_shape),
+            env_state=env_state, obs=as_inputs(obs), obs_stats=RunningStats.create(obs_shape),
             return_stats=RunningStats.create((1,)), discounted_return=jnp.zeros(args.num_envs),
             episode_return=jnp.zeros(args.num_envs),
             episode_length=jnp.zeros(args.num_envs, jnp.int32), key=k_run, update=jnp.int32(0))
@@ -477,6 +500,7 @@ def make_train(args: Args):
         return advance(hp, init(key, hp), num_updates)
 
     train.init, train.advance, train.num_updates = init, advance, num_updates
+    train.network, train.as_inputs = network, as_inputs  # for capture_gif
     train.make_tx = make_tx  # for the tests: which parameters each optimiser moves
     return train
 
@@ -703,18 +727,57 @@ def read_checkpoint(args: Args, argv) -> tuple:
         checkpoint = flax.serialization.msgpack_restore(data)
     except (OSError, ValueError) as e:
         raise ArgError(f"--resume {args.resume}: no usable checkpoint ({e})") from None
-    steps, saved = checkpoint["metrics"]["env_steps"], json.loads(checkpoint["args"])
-    if steps[0, -1] + saved["num_envs"] * saved["num_steps"] > saved["total_timesteps"]:
-        raise ArgError(f"--resume {args.resume}: that run is finished (no whole update left)")
-    typed = {a.split("=")[0] for a in argv}
+    saved, typed = json.loads(checkpoint["args"]), {a.split("=")[0] for a in argv}
     for k, v in saved.items():
         if (k not in RESUME_MAY_CHANGE and "--" + k.replace("_", "-") in typed
                 and json.loads(json.dumps(getattr(args, k))) != v):
             raise ArgError(f"--{k.replace('_', '-')} differs from the checkpoint's {v}: --resume "
                            "continues the run as it was started")
+    steps = checkpoint["metrics"]["env_steps"]
+    if steps[0, -1] + saved["num_envs"] * saved["num_steps"] > saved["total_timesteps"]:
+        raise ArgError(f"--resume {args.resume}: that run is finished (no whole update left)")
     return dataclasses.replace(args, **{k: tuple(v) if isinstance(v, list) else v
                                         for k, v in saved.items()
                                         if k not in RESUME_MAY_CHANGE}), checkpoint
+
+
+def undrawable(env, env_params):
+    """Why gymnax's Visualizer cannot draw this env here, or None: it draws nothing for an env it
+    does not know, and classic control needs pygame, which our requirements leave out."""
+    from gymnax.visualize import Visualizer
+    visualizer = Visualizer(env, env_params, [env.reset(jax.random.PRNGKey(0), env_params)[1]])
+    try:
+        visualizer.init()
+    except Exception as e:
+        return str(e).splitlines()[0]
+    return None if hasattr(visualizer, "im") else "gymnax has no drawing of it"
+
+
+def capture_gif(path, args: Args, state: RunnerState):
+    """One episode of seed 0's final policy (its most likely actions), drawn with gymnax's
+    Visualizer into `path`."""
+    from gymnax.visualize import Visualizer
+    env, env_params = gymnax.make(args.env_id)
+    train, first = make_train(args), lambda tree: jax.tree.map(lambda x: x[0], tree)
+    space, params, stats = env.action_space(env_params), first(state.params), first(state.obs_stats)
+
+    def step(carry, key):
+        obs, env_state, done = carry
+        inputs = normalize(train.as_inputs(obs), RunningStats(*stats), args.normalize_obs)
+        action = train.network.apply(params, inputs, method=ActorCritic.policy).mode()[0]
+        action = jnp.clip(action, space.low, space.high) if isinstance(space, spaces.Box) \
+            else action
+        obs, next_state, reward, terminated, truncated, _ = env.step(key, env_state, action,
+                                                                     env_params)
+        return (obs, next_state, done | terminated | truncated), (env_state, reward, done)
+
+    keys = jax.random.split(jax.random.PRNGKey(args.seed), env_params.max_steps_in_episode + 1)
+    carry = (*env.reset(keys[0], env_params), False)
+    _, (states, rewards, done) = jax.lax.scan(step, carry, keys[1:])
+    frames = int(np.argmax(done)) if done.any() else len(done)  # steps of the first episode
+    Visualizer(env, env_params, [jax.tree.map(lambda x: x[t], states) for t in range(frames)],
+               np.cumsum(rewards[:frames])).animate(path)
+    return path
 
 
 def save_model(model_dir, args: Args, state: RunnerState):
@@ -804,6 +867,9 @@ def main():
     pick = lambda tree, c: jax.tree.map(lambda x: x[c * args.num_seeds:][:args.num_seeds], tree)
     for c, (one, config_dir) in enumerate(config_dirs(run_dir, args) if args.save_model else []):
         print(f"saved {save_model(config_dir, one, pick(state, c))}")
+    if args.capture_gif:  # seed 0 of the first configuration
+        one = config_dirs(run_dir, args)[0][0]
+        print(f"saved {capture_gif(os.path.join(run_dir, 'episode.gif'), one, pick(state, 0))}")
     print(summary(args, np.stack([final_returns(pick(metrics, c))
                                   for c in range(len(grid(args)))]), timing))
 

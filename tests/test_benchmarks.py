@@ -96,7 +96,7 @@ def test_live_check_reads_the_scalars_ppo_appends_while_it_runs(tmp_path):
     sys.path.insert(0, str(ROOT / "benchmarks"))
     import bench_long_runs
 
-    args = ppo.fill_defaults(ppo.Args(num_seeds=2))
+    args = ppo.validate(ppo.Args(num_seeds=2))
     board = ppo.Tensorboard(tmp_path, args, np.zeros((1, 0)))
     assert bench_long_runs.scalar_steps(tmp_path) == []
     segment = lambda *steps: {"env_steps": np.array([steps, steps]), "episode_return": np.full(
