@@ -4,16 +4,18 @@ Speed: episodes per second for every estimator together (OIS, WIS, PDIS, WPDIS, 
 no bootstrap) at N = 100k episodes, H = 100 steps, in one jitted call, against the two baselines it
 replaces, run on the same data: the per-episode Python loop over episode objects and a vectorised
 numpy implementation (also timed on OIS, PDIS and WPDIS alone, the issue's 0.39M episodes/s
-reference); and the percentile bootstrap (1000 resamples) on its own. Every workload runs in its own
-process (common.run_worker): one warm-up call (the compile, for JAX), then the median of several.
+reference); and the bootstrap-t and t intervals (1000 resamples) on their own. Every workload runs
+in its own process (common.run_worker): one warm-up call (the compile, for JAX), then the median of
+several.
 
-Accuracy: `python algos/is_eval.py` as typed (its default GridWorld sweep against the exact V^pi
-for n = 10 ... 10000 episodes, 500 datasets per n), in its own process with an empty compilation
-cache, so its whole-process time is the default command's, cold: bias, standard deviation, MSE
-and the coverage of every estimator's 95% BCa interval, the HCOPE lower bound (how far below
-V^pi, how often it holds); and the DR/WDR bias with Q-hat cross-fitted (--folds 2, the default)
-against Q-hat fitted on the episodes it scores (--folds 1). The MSE-vs-n plot is saved under
-benchmarks/results/.
+Accuracy: the GridWorld sweep against the exact V^pi for n = 10 ... 10000 episodes, 2000 datasets
+per n (`python algos/is_eval.py --num-datasets 2000`: coverage of a 95% interval has a standard
+error of 0.005), in its own process with an empty compilation cache: bias, standard deviation,
+MSE and the coverage of every estimator's 95% bootstrap-t and t intervals (oracle DR: the exact
+Q^pi), the betting lower bound (its mean, how often it holds) and interval (coverage, width); the
+whole-process time of `python algos/is_eval.py` as typed (500 datasets), cold; and the DR/WDR bias
+with Q-hat cross-fitted (--folds 2, the default) against Q-hat fitted on the episodes it scores
+(--folds 1). The MSE-vs-n plot is saved under benchmarks/results/.
 
     python benchmarks/bench_is_eval.py [--quick]
 """
@@ -41,7 +43,8 @@ def make_data(n: int, horizon: int, seed: int = 0) -> dict:
     lengths = rng.integers(horizon // 2, horizon + 1, n)
     mask = np.arange(horizon)[None] < lengths[:, None]
     blp = np.log(0.2 + 0.8 * rng.random((n, horizon), dtype=np.float32))
-    return dict(tlp=blp + 0.1 * f32(), blp=blp, rewards=f32(), mask=mask, q_hat=f32(), v_hat=f32())
+    tlp = np.minimum(blp + 0.1 * f32(), 0.0)  # a log-probability: at most 0
+    return dict(tlp=tlp, blp=blp, rewards=f32(), mask=mask, q_hat=f32(), v_hat=f32())
 
 
 # ----------------------------------------------------------------------------- baselines
@@ -114,8 +117,8 @@ def python_loop(episodes, horizon: int, gamma=GAMMA) -> dict:
 # ----------------------------------------------------------------------------- workers
 def worker(config: dict) -> dict:
     """One workload in this process: {'first_s', 'median_s', 'episodes_per_s', 'max_rel_diff'}."""
-    if config["kind"] in ("sweep", "running_sum"):
-        return (sweep_worker if config["kind"] == "sweep" else running_sum_worker)(config)
+    if config["kind"] == "sweep":
+        return sweep_worker(config)
     kind, n, horizon, repeats = config["kind"], config["n"], config["horizon"], config["repeats"]
     d = make_data(n, horizon)
     if kind == "python_loop":
@@ -135,13 +138,14 @@ def worker(config: dict) -> dict:
         if kind == "jax_all":
             fn = lambda: is_eval.estimate(episodes, tlp, GAMMA, q_hat, v_hat)  # noqa: E731
         else:  # jax_bootstrap: per-episode rows and config["resamples"] resamples, one jitted call
-            boot = jax.jit(lambda key, *data: is_eval.bootstrap_ci(
+            boot = jax.jit(lambda key, *data: is_eval.bootstrap_intervals(
                 key, is_eval.episode_rows(*data), GAMMA, config["resamples"]))
             data = (episodes, tlp, GAMMA, q_hat, v_hat)
             fn = lambda: jax.block_until_ready(boot(jax.random.PRNGKey(0), *data))  # noqa: E731
     first, steady = common.time_calls(fn, repeats)
     rss = common.peak_rss_mib()  # before the float64 reference below adds its own arrays
     out = fn()
+    out = out[0] if kind == "jax_bootstrap" else out  # (estimates, bootstrap-t, t intervals)
     reference = numpy_all({k: v.astype(np.float64) if v.dtype == np.float32 else v
                            for k, v in d.items()})
     diff = max((abs(float(out[k]) - reference[k]) / max(abs(reference[k]), 1e-12) for k in out
@@ -151,21 +155,20 @@ def worker(config: dict) -> dict:
             "best_episodes_per_s": n / min(steady), "max_rel_diff": diff, "timed_rss_mib": rss}
 
 
-def running_sum_worker(config: dict) -> dict:
-    """The per-episode running sum is_eval.py uses (products with two small triangular matrices)
-    against jnp.cumsum and a scan over time, vmapped over N episodes of H steps: median seconds."""
-    import jax
-    import jax.numpy as jnp
-
-    is_eval = common.import_algo("is_eval")
-    x = jax.device_put(make_data(config["n"], config["horizon"])["tlp"])
-    scan = lambda v: jax.lax.scan(lambda c, y: (c + y, c + y), 0.0, v)[1]  # noqa: E731
-    out = {}
-    for name, fn in (("is_eval", is_eval._running_sum), ("cumsum", jnp.cumsum), ("scan", scan)):
-        f = jax.jit(jax.vmap(fn))
-        _, steady = common.time_calls(lambda: jax.block_until_ready(f(x)), config["repeats"])
-        out[name] = float(np.median(steady))
-    return out
+def plot_mse(stats: dict, sizes, path: str):
+    """MSE against n on log-log axes, one line per estimator (oracle DR included), with a 1/n
+    guide."""
+    from matplotlib.figure import Figure  # no pyplot: no GUI backend, no global figure to close
+    fig = Figure(figsize=(6, 4.5), layout="tight")
+    ax = fig.subplots()
+    for name, s in stats.items():
+        if "mse" in s:
+            ax.plot(sizes, s["mse"], marker="o", label=name.upper())
+    ax.plot(sizes, [stats["ois"]["mse"][0] * sizes[0] / n for n in sizes], "k:", label="1/n")
+    ax.set(xscale="log", yscale="log", xlabel="episodes n", ylabel="MSE against the exact V^pi",
+           title="Off-policy estimators on the GridWorld")
+    ax.legend()
+    fig.savefig(path, dpi=120)
 
 
 def sweep_worker(config: dict) -> dict:
@@ -176,7 +179,7 @@ def sweep_worker(config: dict) -> dict:
     value = float(is_eval.gridworld_problem(args).value)
     stats = is_eval.sweep_stats(kept["metrics"], value)
     if config.get("plot"):
-        is_eval.plot_mse(stats, args.dataset_sizes, config["plot"])
+        plot_mse(stats, args.dataset_sizes, config["plot"])
     return {"value": value, "timing": kept["timing"], "sizes": list(args.dataset_sizes),
             "datasets": args.num_datasets, "stats": {
                 name: {k: [float(x) for x in v] for k, v in s.items()}
@@ -189,28 +192,20 @@ SPEED = [  # (kind, what it computes)
     ("numpy_three", "OIS, PDIS, WPDIS"),
     ("numpy_all", "all + ESS"),
     ("jax_all", "all + ESS"),
-    ("jax_bootstrap", "95% CIs of all"),
+    ("jax_bootstrap", "bootstrap-t and t 95% CIs of all"),
 ]
 NAMES = {"python_loop": "Python loop over episode objects", "numpy_three": "numpy, vectorised",
          "numpy_all": "numpy, vectorised", "jax_all": "is_eval.estimate (JAX, jitted)",
-         "jax_bootstrap": "is_eval bootstrap (JAX, jitted)"}
+         "jax_bootstrap": "is_eval.bootstrap_intervals (JAX, jitted)"}
 
 
-def running_sum_line(n: int, horizon: int) -> str:
-    sums = common.run_worker(SCRIPT, {"kind": "running_sum", "n": n, "horizon": horizon,
-                                      "repeats": 5})
-    return (f"The running sum of log-ratios inside (vmapped over {n:,} episodes of {horizon} "
-            f"steps, one process, median of 5 after a warm-up): is_eval's triangular-matrix "
-            f"products {sums['is_eval'] * 1e3:.1f} ms, jnp.cumsum {sums['cumsum'] * 1e3:.1f} ms "
-            f"({sums['cumsum'] / sums['is_eval']:.1f}x), a scan over time "
-            f"{sums['scan'] * 1e3:.1f} ms ({sums['scan'] / sums['is_eval']:.1f}x).")
-
-
-# The sweep as typed (the file's defaults: folds 2, 500 datasets, n = 10 ... 10^4), and the same
-# with Q-hat fitted in-sample: its bias and MSE only, so 2 bootstrap resamples (coverage unused).
-SWEEP, IN_SAMPLE = [], ["--folds", "1", "--sweep-bootstrap", "2"]
-QUICK_SWEEP = ["--dataset-sizes", "10", "100", "--num-datasets", "20",
-               "--sweep-bootstrap", "50", "--num-episodes", "200", "--num-bootstrap", "100"]
+# The sweep of 2000 datasets per n (the file's other defaults: folds 2, n = 10 ... 10^4, 1000
+# resamples), the command as typed (500 datasets: its time), and the sweep with Q-hat fitted
+# in-sample: its bias and MSE only, so 2 bootstrap resamples (coverage unused).
+SWEEP, TYPED = ["--num-datasets", "2000"], []
+IN_SAMPLE = ["--folds", "1", "--num-bootstrap", "2", "--num-datasets", "2000"]
+QUICK_SWEEP = ["--dataset-sizes", "10", "100", "--num-datasets", "20", "--num-episodes", "200",
+               "--num-bootstrap", "100"]
 
 
 def run_sweep(flags: list[str], plot: Path | None = None) -> dict:
@@ -249,23 +244,28 @@ def run(quick: bool) -> str:
         ["implementation", "estimators", "episodes x H", "first call s", "median ms",
          "episodes/s (median)", "episodes/s (best)", "median vs numpy (all)",
          "max rel. diff vs float64", "peak RSS MiB"], rows)
-    if not quick:
-        speed += "\n\n" + running_sum_line(n, horizon)
 
     common.RESULTS.mkdir(parents=True, exist_ok=True)
     plot = common.RESULTS / "is_eval_mse_vs_n.png"
     sweep = run_sweep(QUICK_SWEEP if quick else SWEEP, plot)
     sizes, datasets = sweep["sizes"], sweep["datasets"]
-    rows = []
-    for name, s in sweep["stats"].items():
-        for j, size in enumerate(sizes):
-            rows.append([name.upper(), size, f"{s['bias'][j]:+.4f}",
-                         f"{np.sqrt(s['variance'][j]):.4f}", f"{s['mse'][j]:.3g}",
-                         f"{s['coverage'][j]:.3f}"])
-    accuracy = common.md_table(["estimator", "n", "bias", "std", "MSE", "95% BCa coverage"], rows)
+    stats = sweep["stats"]
+    rows = [[name.upper(), size, f"{s['bias'][j]:+.4f}", f"{np.sqrt(s['variance'][j]):.4f}",
+             f"{s['mse'][j]:.3g}", f"{s['coverage'][j]:.3f}", f"{s['t_coverage'][j]:.3f}"]
+            for name, s in stats.items() if "mse" in s for j, size in enumerate(sizes)]
+    accuracy = common.md_table(["estimator", "n", "bias", "std", "MSE", "95% bootstrap-t coverage",
+                                "95% t coverage"], rows)
+    bet = stats["betting"]
+    betting = common.md_table(
+        ["n", "lower bound: mean", "lower bound - V^pi", "it holds", "interval: coverage",
+         "mean width"],
+        [[size, f"{bet['lower'][j]:+.4f}", f"{bet['lower'][j] - sweep['value']:+.4f}",
+          f"{bet['holds'][j]:.3f}", f"{bet['coverage'][j]:.3f}", f"{bet['width'][j]:.4f}"]
+         for j, size in enumerate(sizes)])
     timing = sweep["timing"]
     se = np.sqrt(0.95 * 0.05 / datasets)
     command = f"is_eval.py {' '.join(QUICK_SWEEP if quick else SWEEP)}".strip()
+    typed = None if quick else run_sweep(TYPED)
     parts = [
         "## Off-policy evaluation (is_eval.py): speed and accuracy",
         f"### is_eval: episodes per second, N = {n:,}, H = {horizon} (median of several calls "
@@ -273,13 +273,18 @@ def run(quick: bool) -> str:
         speed,
         f"### is_eval: GridWorld sweep, exact V^pi = {sweep['value']:.4f}, {datasets} datasets per "
         f"n",
-        f"`{command}` as typed, one process, cold compilation cache: whole process "
+        f"`{command}`, one process, cold compilation cache: whole process "
         f"{sweep['process_s']:.1f} s (the sweep: compile {timing['compile_s']:.1f} s, run "
-        f"{timing['run_s']:.1f} s).",
+        f"{timing['run_s']:.1f} s)." + ("" if typed is None else
+                                        " `is_eval.py` as typed (500 datasets): whole process "
+                                        f"{typed['process_s']:.1f} s (compile "
+                                        f"{typed['timing']['compile_s']:.1f} s, run "
+                                        f"{typed['timing']['run_s']:.1f} s)."),
         accuracy,
         f"Coverage of a 95% interval over {datasets} datasets has a binomial standard error of "
-        f"{se:.3f}. HCOPE rows: the delta = 0.05 lower bound; bias is its mean distance below "
-        "V^pi, coverage how often it holds (at least 0.95 by construction).",
+        f"{se:.3f}. ORACLE_DR: DR with the exact Q^pi instead of the fitted Q-hat. The betting "
+        "bounds (delta = 0.05), valid for every n:",
+        betting,
         f"![is_eval MSE against n]({plot.name})",
     ]
     if not quick:
@@ -292,7 +297,7 @@ def run(quick: bool) -> str:
         parts += [
             "### is_eval: DR and WDR, Q-hat fitted on the episodes it scores vs cross-fitted",
             f"`is_eval.py {' '.join(IN_SAMPLE)}` (whole process {in_sample['process_s']:.1f} s) "
-            "against the sweep above (`--folds 2`, the default).",
+            "against the sweep above (`--folds 2`, the default), on the same datasets.",
             common.md_table(["estimator", "n", "bias, in-sample Q-hat", "MSE, in-sample",
                              "bias, cross-fitted (2 folds)", "MSE, cross-fitted"], rows)]
     return "\n\n".join(parts)

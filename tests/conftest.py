@@ -51,6 +51,8 @@ def assert_usage_error(script, flags, flag, tmp_path):
     import pytest
 
     module = importlib.import_module(Path(script).stem)
+    # The program that must not start: make_train, or is_eval's per-dataset trial (it trains none).
+    entry = "make_train" if hasattr(module, "make_train") else "make_gridworld_trial"
     # Building a gymnax env compiles a few one-op jits; the training program must not compile.
     compiles = []
 
@@ -69,7 +71,7 @@ def assert_usage_error(script, flags, flag, tmp_path):
                                         ["--log-dir", str(tmp_path / "runs")])]
     try:
         with mock.patch.object(sys, "argv", argv), contextlib.redirect_stderr(stderr), \
-                mock.patch.object(module, "make_train", must_not_run), \
+                mock.patch.object(module, entry, must_not_run), \
                 mock.patch.object(module, "run", must_not_run), \
                 mock.patch.object(module, "segments", must_not_run, create=True), \
                 pytest.raises(SystemExit) as exit_info:
