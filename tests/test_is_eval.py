@@ -791,8 +791,8 @@ def save_ppo_model(folder, env_id, num_actions, continuous):
     in its network's tree (the file layout is what matters here, not how good the policy is)."""
     import ppo
 
-    args = ppo.fill_defaults(ppo.Args(env_id=env_id, num_seeds=2, hidden_size=16,
-                                      normalize_obs=True))
+    args = ppo.validate(ppo.Args(env_id=env_id, num_seeds=2, hidden_size=16,
+                                 normalize_obs=True))
     network = ppo.ActorCritic(num_actions, continuous, args.hidden_size)
     obs_dim = 4 if env_id == "CartPole-v1" else 3
     shapes = jax.eval_shape(network.init, jax.random.PRNGKey(0), jnp.zeros(obs_dim))
@@ -800,7 +800,7 @@ def save_ppo_model(folder, env_id, num_actions, continuous):
     params = jax.tree.map(lambda x: rng.normal(0.0, 0.3, (2, *x.shape)).astype(np.float32), shapes)
     stats = types.SimpleNamespace(mean=rng.normal(size=(2, obs_dim)),
                                   var=rng.uniform(0.5, 2.0, (2, obs_dim)))
-    state = types.SimpleNamespace(train_state=types.SimpleNamespace(params=params), obs_stats=stats)
+    state = types.SimpleNamespace(params=params, obs_stats=stats)
     return ppo.save_model(str(folder), args, state)
 
 
