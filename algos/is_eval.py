@@ -285,9 +285,9 @@ def cross_fit(episodes: Episodes, target, gamma, folds: int):
 
 
 # ---------------------------------------------------------------------------- --target-model
-# A policy saved by algos/ppo.py --save-model on its gymnax env: its actor MLP, laid out as ppo.py's
-# (so that the saved parameters load as they are), and ppo.py's observation normalisation. Only a
-# discrete policy's logits are needed: neither the critic nor log_std is loaded.
+# A policy saved by algos/ppo.py --save-model on its gymnax env: its actor MLP (on flattened
+# observations), laid out as ppo.py's so that the saved parameters load as they are, and ppo.py's
+# observation normalisation. Only a discrete policy's logits are needed: not the critic.
 class TargetModel(NamedTuple):
     env_id: str
     actor: dict  # one seed's "actor" parameters of ppo.py's ActorCritic: Dense layers 0, 2 and 4
@@ -295,6 +295,7 @@ class TargetModel(NamedTuple):
     obs_var: np.ndarray
     normalize_obs: bool
     max_steps: int  # the env's episode limit: the default horizon
+    activation: str  # of the MLP's hidden layers
 
 
 def load_target_model(args: Args) -> TargetModel:
@@ -312,13 +313,15 @@ def load_target_model(args: Args) -> TargetModel:
     import gymnax
     from gymnax.environments import spaces
     env, env_params = gymnax.make(env_id)
-    if not isinstance(env.action_space(env_params), spaces.Discrete):
-        raise ArgError(f"--target-model: {env_id} has continuous actions; importance ratios here "
-                       "need a discrete action space")
+    network = saved.get("network", "mlp")  # (models saved before presets are MLPs)
+    if network != "mlp" or not isinstance(env.action_space(env_params), spaces.Discrete):
+        raise ArgError(f"--target-model: {path} holds a {network} policy of {env_id}; this file "
+                       "rebuilds ppo.py's MLP policies of discrete actions only")
     if not 0 <= k < obs_mean.shape[0]:
         raise ArgError(f"--model-seed must be in [0, {obs_mean.shape[0]}) for {path} (got {k})")
     return TargetModel(env_id, jax.tree.map(lambda x: np.asarray(x)[k], actor), obs_mean[k],
-                       obs_var[k], bool(saved["normalize_obs"]), env_params.max_steps_in_episode)
+                       obs_var[k], bool(saved["normalize_obs"]), env_params.max_steps_in_episode,
+                       saved.get("activation", "tanh"))
 
 
 def collect_gymnax(key, model: TargetModel, epsilon, num_episodes: int, horizon: int):
@@ -327,13 +330,13 @@ def collect_gymnax(key, model: TargetModel, epsilon, num_episodes: int, horizon:
     import gymnax
     env, env_params = gymnax.make(model.env_id)
     num_actions, hidden = env.action_space(env_params).n, model.actor["layers_0"]["bias"].shape[-1]
-    network = nn.Sequential([nn.Dense(hidden), nn.tanh, nn.Dense(hidden), nn.tanh,
-                             nn.Dense(num_actions)])
+    act = getattr(nn, model.activation)
+    network = nn.Sequential([nn.Dense(hidden), act, nn.Dense(hidden), act, nn.Dense(num_actions)])
     def step(carry, key):
         obs, state, alive = carry
         key_action, key_env = jax.random.split(key)
-        x = obs if not model.normalize_obs else jnp.clip(
-            (obs - model.obs_mean) / jnp.sqrt(model.obs_var + 1e-8), -10.0, 10.0)
+        x = obs.reshape(-1) if not model.normalize_obs else jnp.clip(
+            (obs.reshape(-1) - model.obs_mean) / jnp.sqrt(model.obs_var + 1e-8), -10.0, 10.0)
         log_pi = jax.nn.log_softmax(network.apply({"params": model.actor}, x))
         log_b = jnp.log((1.0 - epsilon) * jnp.exp(log_pi) + epsilon / num_actions)
         a = jax.random.categorical(key_action, log_b)

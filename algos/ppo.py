@@ -132,6 +132,8 @@ class Args:
     """separate MLPs on the flattened observation, or MinAtar's convolution (image observations)"""
     hidden_size: Optional[int] = None
     """width of the MLPs' two hidden layers"""
+    activation: Optional[Literal["tanh", "relu"]] = None
+    """the MLPs' hidden activation"""
     normalize_obs: Optional[bool] = None
     """running observation normalisation"""
     normalize_reward: Optional[bool] = None
@@ -142,19 +144,19 @@ class Args:
 
 # Presets: what each sets (a flag the user gives wins) and where it comes from. An env without an
 # entry takes its action kind's; what neither sets follows the rules of `resolve`.
-DISCRETE = dict(  # a 12-configuration x 32-seed sweep on CartPole-v1 (benchmarks/robustness.py)
-    num_envs=32, update_epochs=4, learning_rate=2.5e-3, gamma=0.99, gae_lambda=0.95,
-    clip_coef=0.1, ent_coef=0.01, network="mlp", hidden_size=64, normalize_obs=False,
-    normalize_reward=False)
-CONTINUOUS = dict(  # Pendulum-v1 (benchmarks/results/robustness_candidates.md); gamma 0.95, a
-    num_envs=16, num_steps=256, update_epochs=10, learning_rate=1e-3,  # short horizon, suits
-    gamma=0.95, gae_lambda=0.95, clip_coef=0.2, ent_coef=0.0,  # its dense reward
-    total_timesteps=300_000, network="mlp", hidden_size=64, normalize_obs=True,
-    normalize_reward=True)
-MINATAR = dict(  # gymnax-blines agents/<game>/ppo.yaml (64 envs x 128 steps, 8 x 4 minibatches,
-    num_envs=64, num_steps=128, num_minibatches=8, update_epochs=4,  # clip 0.2, entropy 0.01)
-    learning_rate=5e-4, gamma=0.999, gae_lambda=0.95, clip_coef=0.2, ent_coef=0.01,
-    total_timesteps=10_000_000, network="cnn", normalize_obs=False, normalize_reward=False)
+# Discrete: a 12-configuration x 32-seed sweep on CartPole-v1 (benchmarks/robustness.py).
+DISCRETE = dict(num_envs=32, update_epochs=4, learning_rate=2.5e-3, gamma=0.99, gae_lambda=0.95,
+                clip_coef=0.1, ent_coef=0.01, network="mlp", hidden_size=64, activation="tanh",
+                normalize_obs=False, normalize_reward=False)
+# Continuous: Pendulum-v1 (benchmarks/results/robustness_candidates.md); gamma 0.95, a short
+# horizon, suits its dense reward.
+CONTINUOUS = dict(DISCRETE, num_envs=16, num_steps=256, update_epochs=10, learning_rate=1e-3,
+                  gamma=0.95, clip_coef=0.2, ent_coef=0.0, total_timesteps=300_000,
+                  normalize_obs=True, normalize_reward=True)
+# MinAtar: gymnax-blines' agents/<game>/ppo.yaml (64 envs x 128 steps, 4 epochs x 8 minibatches,
+# 2 x 256 relu, clip 0.2, entropy 0.01), with our learning rate and gamma (MINATAR.md).
+MINATAR = dict(DISCRETE, num_envs=64, num_steps=128, num_minibatches=8, hidden_size=256,
+               activation="relu", clip_coef=0.2, total_timesteps=2_000_000)
 PRESETS = {"discrete": DISCRETE, "continuous": CONTINUOUS, "CartPole-v1": DISCRETE,
            "Pendulum-v1": CONTINUOUS,
            "Acrobot-v1": dict(DISCRETE, total_timesteps=500_000),  # the gymnax README's budget
@@ -280,18 +282,19 @@ class MinAtarCNN(nn.Module):
 
 
 class ActorCritic(nn.Module):
-    """The policy and the value as separate networks, orthogonal initialisation: tanh MLPs (on
+    """The policy and the value as separate networks, orthogonal initialisation: MLPs (on
     flattened observations), or MinAtar's convolution under a linear head."""
     action_dim: int
     continuous: bool
     hidden_size: int = 64
     network: str = "mlp"
+    activation: str = "tanh"
 
     def setup(self):
         dense = lambda size, scale: nn.Dense(size, kernel_init=nn.initializers.orthogonal(scale))
+        act = getattr(nn, self.activation)
         torso = lambda: [MinAtarCNN()] if self.network == "cnn" else [
-            dense(self.hidden_size, np.sqrt(2)), nn.tanh, dense(self.hidden_size, np.sqrt(2)),
-            nn.tanh]
+            dense(self.hidden_size, np.sqrt(2)), act, dense(self.hidden_size, np.sqrt(2)), act]
         self.actor = nn.Sequential(torso() + [dense(self.action_dim, 0.01)])
         self.critic = nn.Sequential(torso() + [dense(1, 1.0)])
         if self.continuous:
@@ -392,7 +395,8 @@ def make_train(args: Args):
     batch_size = args.num_envs * args.num_steps
     minibatch_size = batch_size // args.num_minibatches
     num_updates = args.total_timesteps // batch_size
-    network = ActorCritic(action_dim, continuous, args.hidden_size, args.network)
+    network = ActorCritic(action_dim, continuous, args.hidden_size, args.network,
+                           args.activation)
 
     def make_tx(hp):  # from this run's traced learning rate and gradient clip
         lr = hp["learning_rate"]

@@ -125,6 +125,8 @@ class Args:
     """separate MLPs on the flattened observation, or MinAtar's convolution (image observations)"""
     hidden_size: Optional[int] = None
     """width of the MLPs' two hidden layers"""
+    activation: Optional[Literal["tanh", "relu"]] = None
+    """the MLPs' hidden activation"""
     normalize_obs: Optional[bool] = None
     """running observation normalisation"""
     normalize_reward: Optional[bool] = None
@@ -135,13 +137,15 @@ class Args:
 
 # Presets: what each sets (a flag the user gives wins) and where it comes from. An env without an
 # entry takes its action kind's; what neither sets follows the rules of `resolve`.
-DISCRETE = dict(  # tuned on CartPole-v1: 500 on 63 of 64 seeds by 300k steps (RESULTS.md)
-    num_envs=32, update_epochs=4, learning_rate=2.5e-3, gamma=0.99, gae_lambda=0.95,
-    ent_coef=0.01, network="mlp", hidden_size=64, normalize_obs=False, normalize_reward=False)
-CONTINUOUS = dict(  # Pendulum-v1: small batches, as VPG needs many policy steps; gamma 0.95, a
-    num_envs=8, num_steps=32, update_epochs=4, learning_rate=5e-3,  # short horizon, suits its
-    gamma=0.95, gae_lambda=0.95, ent_coef=0.0, total_timesteps=300_000,  # dense reward
-    network="mlp", hidden_size=64, normalize_obs=True, normalize_reward=True)
+# Discrete: tuned on CartPole-v1, 500 on 63 of 64 seeds by 300k steps (RESULTS.md).
+DISCRETE = dict(num_envs=32, update_epochs=4, learning_rate=2.5e-3, gamma=0.99, gae_lambda=0.95,
+                ent_coef=0.01, network="mlp", hidden_size=64, activation="tanh",
+                normalize_obs=False, normalize_reward=False)
+# Continuous: Pendulum-v1; small batches, as VPG needs many policy steps; gamma 0.95, a short
+# horizon, suits its dense reward.
+CONTINUOUS = dict(DISCRETE, num_envs=8, num_steps=32, learning_rate=5e-3, gamma=0.95,
+                  ent_coef=0.0, total_timesteps=300_000, normalize_obs=True,
+                  normalize_reward=True)
 PRESETS = {"discrete": DISCRETE, "continuous": CONTINUOUS, "CartPole-v1": DISCRETE,
            "Pendulum-v1": CONTINUOUS}
 # The float hyperparameters, which change no array shape nor loop length, and the rule of each:
@@ -262,18 +266,19 @@ class MinAtarCNN(nn.Module):
 
 
 class ActorCritic(nn.Module):
-    """The policy and the value as separate networks, orthogonal initialisation: tanh MLPs (on
+    """The policy and the value as separate networks, orthogonal initialisation: MLPs (on
     flattened observations), or MinAtar's convolution under a linear head."""
     action_dim: int
     continuous: bool
     hidden_size: int = 64
     network: str = "mlp"
+    activation: str = "tanh"
 
     def setup(self):
         dense = lambda size, scale: nn.Dense(size, kernel_init=nn.initializers.orthogonal(scale))
+        act = getattr(nn, self.activation)
         torso = lambda: [MinAtarCNN()] if self.network == "cnn" else [
-            dense(self.hidden_size, np.sqrt(2)), nn.tanh, dense(self.hidden_size, np.sqrt(2)),
-            nn.tanh]
+            dense(self.hidden_size, np.sqrt(2)), act, dense(self.hidden_size, np.sqrt(2)), act]
         self.actor = nn.Sequential(torso() + [dense(self.action_dim, 0.01)])
         self.critic = nn.Sequential(torso() + [dense(1, 1.0)])
         if self.continuous:
@@ -368,7 +373,8 @@ def make_train(args: Args):
     batch_size = args.num_envs * args.num_steps
     minibatch_size = batch_size // args.num_minibatches
     num_updates = args.total_timesteps // batch_size
-    network = ActorCritic(action_dim, continuous, args.hidden_size, args.network)
+    network = ActorCritic(action_dim, continuous, args.hidden_size, args.network,
+                           args.activation)
 
     # The policy step (`policy_tx`) and the value steps (`tx`) each move only their own part of the
     # parameters, with their own Adam moments: a shared Adam would move the actor in value steps.

@@ -6,6 +6,7 @@ import re
 import shutil
 import types
 
+import flax.serialization
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -786,26 +787,26 @@ def test_cli_usage_error_exit_code(tmp_path):
 
 
 # ----------------------------------------------------------------------------- --target-model
-def save_ppo_model(folder, env_id, num_actions, continuous):
+def save_ppo_model(folder, env_id, **flags):
     """A model.msgpack written by ppo.py's own save_model for 2 seeds, with small random parameters
     in its network's tree (the file layout is what matters here, not how good the policy is)."""
     import ppo
 
-    args = ppo.validate(ppo.Args(env_id=env_id, num_seeds=2, hidden_size=16,
-                                 normalize_obs=True))
-    network = ppo.ActorCritic(num_actions, continuous, args.hidden_size)
-    obs_dim = 4 if env_id == "CartPole-v1" else 3
-    shapes = jax.eval_shape(network.init, jax.random.PRNGKey(0), jnp.zeros(obs_dim))
+    args = ppo.validate(ppo.Args(env_id=env_id, num_seeds=2, hidden_size=16, normalize_obs=True,
+                                 **flags))
+    train = ppo.make_train(args)
+    env, env_params = ppo.gymnax.make(env_id)
+    obs = train.as_inputs(jnp.zeros(env.observation_space(env_params).shape))
+    shapes = jax.eval_shape(train.network.init, jax.random.PRNGKey(0), obs)
     rng = np.random.default_rng(9)
     params = jax.tree.map(lambda x: rng.normal(0.0, 0.3, (2, *x.shape)).astype(np.float32), shapes)
-    stats = types.SimpleNamespace(mean=rng.normal(size=(2, obs_dim)),
-                                  var=rng.uniform(0.5, 2.0, (2, obs_dim)))
-    state = types.SimpleNamespace(params=params, obs_stats=stats)
-    return ppo.save_model(str(folder), args, state)
+    stats = types.SimpleNamespace(mean=rng.normal(size=(2, *obs.shape[1:])),
+                                  var=rng.uniform(0.5, 2.0, (2, *obs.shape[1:])))
+    return ppo.save_model(str(folder), args, types.SimpleNamespace(params=params, obs_stats=stats))
 
 
 def test_target_model(tmp_path, capsys):
-    saved = save_ppo_model(tmp_path / "cartpole", "CartPole-v1", 2, False)
+    saved = save_ppo_model(tmp_path / "cartpole", "CartPole-v1")
     args = is_eval.validate(is_eval.Args(
         target_model=saved, model_seed=1, horizon=40, num_episodes=500, num_mc_episodes=5000,
         num_bootstrap=200, epsilon=0.5, log_dir=str(tmp_path / "runs")))
@@ -819,6 +820,25 @@ def test_target_model(tmp_path, capsys):
     assert any((tmp_path / "runs").glob("CartPole-v1__is_eval__1__*/events.out.tfevents.*"))
     with pytest.raises(is_eval.ArgError, match="--model-seed"):
         is_eval.load_target_model(is_eval.Args(target_model=saved, model_seed=2))
-    pendulum = save_ppo_model(tmp_path / "pendulum", "Pendulum-v1", 1, True)
-    with pytest.raises(is_eval.ArgError, match="--target-model: Pendulum-v1 has continuous"):
-        is_eval.load_target_model(is_eval.Args(target_model=pendulum))
+    for env_id, flags in [("Pendulum-v1", {}), ("Breakout-MinAtar", {"network": "cnn"})]:
+        model = save_ppo_model(tmp_path / env_id, env_id, **flags)
+        with pytest.raises(is_eval.ArgError, match=f"policy of {env_id}; this file rebuilds"):
+            is_eval.load_target_model(is_eval.Args(target_model=model))
+
+
+def test_target_model_of_image_observations(tmp_path):
+    """MinAtar's preset policy, a relu MLP on the flattened 10x10x4 grid: its log-probabilities
+    are those ppo.py's own network gives the logged observations."""
+    import ppo
+
+    saved = save_ppo_model(tmp_path, "Breakout-MinAtar")
+    model = is_eval.load_target_model(is_eval.Args(target_model=saved, model_seed=1))
+    assert model.activation == "relu"
+    episodes, log_pi = is_eval.collect_gymnax(jax.random.PRNGKey(0), model, 0.5, 4, 6)
+    args = ppo.validate(ppo.Args(env_id="Breakout-MinAtar", hidden_size=16))
+    params = flax.serialization.msgpack_restore(open(saved, "rb").read())["params"]
+    obs = np.clip((episodes.obs.reshape(4, 6, -1) - model.obs_mean)
+                  / np.sqrt(model.obs_var + 1e-8), -10, 10)
+    dist = ppo.make_train(args).network.apply(jax.tree.map(lambda x: x[1], params), obs,
+                                              method=ppo.ActorCritic.policy)
+    np.testing.assert_allclose(log_pi, dist.log_prob(episodes.actions), rtol=1e-5, atol=1e-5)
