@@ -111,7 +111,7 @@ def run(quick: bool = False) -> str:
         "file picks (one per core). cold: an empty compilation cache; warm: the cache the cold "
         "run filled (a second run of the same command). Whole process: from launch to exit. "
         "Thresholds and scores as in the robustness table (CartPole-v1 475; Pendulum-v1 -250 "
-        "PPO, -1020 VPG; q_learning greedy_optimal 1.0).",
+        "PPO and VPG; q_learning greedy_optimal 1.0).",
         common.md_table(headers, rows),
         *([] if quick else [choices_table()]),
     ])
