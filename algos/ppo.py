@@ -12,6 +12,7 @@ Run it:
     python algos/ppo.py                          # CartPole-v1, 4 seeds, 300k steps each
     python algos/ppo.py --num-envs 2048          # same task, 2048 envs per seed
     python algos/ppo.py --env-id Pendulum-v1     # continuous actions, 300k steps each
+    python algos/ppo.py --env-id Breakout-MinAtar --capture-gif   # 2M steps; a GIF of the agent
 
 Expect (64 seeds, benchmarks/results/RESULTS.md): CartPole-v1 ends at 500 on every seed;
 Pendulum-v1 ends at -157 (IQM over seeds), -250 or better on 62 of the 64. Flags left unset come
