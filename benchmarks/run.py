@@ -8,14 +8,17 @@
     python benchmarks/run.py --only envs  # every gymnax env, PPO and VPG beside a random policy
     python benchmarks/run.py --only long_runs  # segments vs one program, checkpoints, live
                                                # tensorboard (about 10 minutes)
+    python benchmarks/run.py --only minatar    # ppo.py's MinAtar preset on four games beside
+                                               # the published PPO returns (~25 minutes, est.)
 
 Writes RESULTS.md (all tables, machine header and load averages first, the time of every section
 last) and the PNGs into --out (default benchmarks/results/). A full run into the default folder
 also refreshes the block of README.md between the results markers, so the README always shows the
 latest full results. Run it alone on the machine: numbers from a loaded machine go in no table.
 Every workload runs in its own process (common.run_worker). The envs section (well over an hour
-on 2 cores) and the long_runs section (about 10 minutes: it would break the budget below) run
-only when --only names them, and write ENVS.md and LONG_RUNS.md, never RESULTS.md nor the README.
+on 2 cores), the long_runs section (about 10 minutes: it would break the budget below) and the
+minatar section (about 25 minutes, estimated: see the table) run only when --only names them,
+and write ENVS.md, LONG_RUNS.md and MINATAR.md, never RESULTS.md nor the README.
 
 Time budget of the full run on 2 cores, in seconds (estimated from measurements on a quiet
 machine; RESULTS.md ends with each section's real time):
@@ -31,6 +34,10 @@ machine; RESULTS.md ends with each section's real time):
                                    memory 2 x 8 s; small loops 2 x 12 s; implementation 25 s
     is_eval          8      230    is_eval.py as typed ~100 s, in-sample sweep ~60 s, speed ~70 s
     total           36     1275    under 25 minutes (1500 s), ~4 minutes to spare
+    minatar          5    ~1500    optional (--only minatar), outside the total: 4 games x 4
+                                   seeds x 2M steps = 32M steps at ~25k steps/s (the issue 20
+                                   probe's rate, Breakout) ~1300 s, 4 cold compiles and starts
+                                   ~100 s, the other games' slower env steps up to ~100 s
 
 Cold and warm: "cold" figures come from an empty compilation cache (the process compiles), "warm"
 ones from the cache the cold run of the same command filled; every robustness sweep and the
@@ -54,11 +61,12 @@ SECTIONS = {  # selector -> module (in the order of RESULTS.md)
     "is_eval": "bench_is_eval",
     "envs": "bench_envs",
     "long_runs": "bench_long_runs",
+    "minatar": "bench_minatar",
     "peers": "peers",  # with --peers, after the others (its own requirements)
 }
 ALL = ("commands", "robustness", "q_learning", "is_eval")  # the default run
 QUICK_COST = {"commands": 2, "robustness": 3, "q_learning": 1, "is_eval": 4}  # relative, --quick
-OPTIONAL = ("envs", "long_runs")  # run only when --only names them; written to <NAME>.md
+OPTIONAL = ("envs", "long_runs", "minatar")  # run only when --only names them; written to <NAME>.md
 README_START, README_END = "<!-- results:start -->", "<!-- results:end -->"
 FAILED = []  # sections that raised: reported in their place, then the run exits non-zero
 

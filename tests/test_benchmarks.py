@@ -108,3 +108,22 @@ def test_live_check_reads_the_scalars_ppo_appends_while_it_runs(tmp_path):
     with open(board.paths[0], "ab") as f:
         f.write(torn.getvalue()[:-7])
     assert sorted(set(bench_long_runs.scalar_steps(tmp_path))) == [2048, 4096]
+
+
+def test_minatar_verdict_and_time_to_target():
+    """bench_minatar (its games run only with `run.py --only minatar`): the issue's rule (mean at
+    least the target, every seed above half; a seed without episodes misses), and the first curve
+    bin whose mean over the seeds reached the target, in steps and seconds from launch."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import bench_minatar
+
+    assert bench_minatar.verdict([30, 29, 28, 25], 28) == "met"
+    assert bench_minatar.verdict([60, 60, 10, 20], 28) == "not met: worst seed 10 <= 14"
+    assert bench_minatar.verdict([20, 20, 20, np.nan], 28).startswith("not met: mean nan < 28")
+    result = {"curves": [[[None, 20, 30, 40], [None, 30, 28, 10]]],
+              "curve_steps": [100, 200, 300, 400], "launched_at": 1000.0, "run_s": 40.0,
+              "returned_at": 1050.0}  # the run started 10 s after the launch
+    assert bench_minatar.time_to_target(result, 25) == (200, 30.0)
+    assert bench_minatar.time_to_target(result, 29) == (300, 40.0)
+    assert bench_minatar.time_to_target(result, 30) is None  # each seed did; the mean did not
+    assert bench_minatar.time_to_target(result, 41) is None

@@ -1,0 +1,205 @@
+"""PPO's MinAtar preset on the four gymnax MinAtar games, beside the published PPO returns
+(issue 20: Breakout-MinAtar >= 28 and SpaceInvaders-MinAtar >= 131, every seed above half).
+
+    python benchmarks/bench_minatar.py [--quick] [--network cnn]
+    python benchmarks/run.py --only minatar [--quick]      # writes MINATAR.md
+
+Each game is the command a user types, `python algos/ppo.py --env-id <game>` (ppo.py's MINATAR
+preset: 4 seeds x 2M steps, 64 envs x 128 steps, 2 x 256 relu MLP), run in its own process with
+an empty compilation cache (common.run_command: the file's own main(), --no-track, a temporary
+--log-dir), so the whole-process time is what a new user waits, compile included. The final
+return of a seed is the mean episode return over the last 5% of updates (ppo.final_returns);
+the published numbers are the gymnax README's PPO returns of gymnax-blines' checkpoints (10M
+steps: PUBLISHED below). Time to target: the first bin of the learning curve (100 bins of
+updates) whose mean over the seeds reached the published return.
+
+Not part of the default `benchmarks/run.py` run: about 25 minutes of the whole 2-core machine, an
+estimate (4 games x 4 seeds x 2M steps = 32M steps at ~25k steps/s, the rate of issue 20's
+Breakout probe, plus four cold compiles; random-action env steps of SpaceInvaders, Asterix and
+Freeway cost 4-6x Breakout's, a few percent of the run); run it alone.
+--quick runs Breakout on 3 updates per seed, to check the pipeline. --network cnn (standalone
+only) runs the preset with ppo.py's MinAtar CNN instead, for the network comparison of issue 20;
+its plot is minatar_curves_cnn.png."""
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+import warnings
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import common  # noqa: E402
+
+GAMES = ("Breakout-MinAtar", "SpaceInvaders-MinAtar", "Asterix-MinAtar", "Freeway-MinAtar")
+QUICK_GAMES, QUICK_UPDATES = ("Breakout-MinAtar",), 3
+TARGETS = ("Breakout-MinAtar", "SpaceInvaders-MinAtar")  # issue 20's; the other two: reference
+# The gymnax README's table of environments, column "Ckpt (Return)": the return of gymnax-blines'
+# PPO checkpoint, trained 10M steps with agents/<game>/ppo.yaml (the same file for all four
+# games) and scored on 164 episodes of the final, sampled policy (utils/ppo.py batch_evaluate);
+# one training run (train.py's --seed_id, default 0; exec.sh loops over no seeds).
+PUBLISHED = {"Breakout-MinAtar": 28, "SpaceInvaders-MinAtar": 131, "Asterix-MinAtar": 15,
+             "Freeway-MinAtar": 58}
+PUBLISHED_STEPS = 10_000_000
+GYMNAX_README = ("https://github.com/RobertTLange/gymnax/blob/"
+                 "086ad95697d5898b95ce3b14fa25f2b0bae4a1fc/README.md")
+BLINES_YAML = ("https://github.com/RobertTLange/gymnax-blines/blob/"
+               "3f029d6b98afb0d654d387b5bc0f7a592373ad66/agents/{game}/ppo.yaml")
+BLINES_CONFIG = ("64 envs x 128 steps, 8 minibatches x 4 epochs, 2 x 256 relu MLP on the "
+                 "flattened grid, Adam lr 5e-4 constant after a 5% warm-up, gamma 0.999, "
+                 "lambda 0.95, clip 0.2, entropy 0.01, value 0.5, grad norm 0.5")
+PUREJAXRL_PLOT = ("https://github.com/luchris429/purejaxrl/blob/"
+                  "31756b197773a52db763fdbe6d635e4b46522a73/docs/minatar_plot_seconds.png")
+
+
+def resolved(config: dict) -> dict:
+    """Worker: ppo.py's arguments for `--env-id config["game"]` plus config["extra"], as its
+    validate() resolves them (no compile), for the report: what the preset set. In a process of
+    its own, as importing ppo.py picks the device count, which only a fresh process may do."""
+    import dataclasses
+
+    ppo = common.import_algo("ppo")
+    return dataclasses.asdict(ppo.validate(ppo.Args(env_id=config["game"], **config["extra"])))
+
+
+def verdict(final, target: float) -> str:
+    """'met', or what missed: the mean over seeds below target, or a seed at or below half of it
+    (a seed with no finished episode in its last 5% of updates counts as a miss)."""
+    final = np.asarray(final, dtype=np.float64)
+    misses = []
+    if not np.mean(final) >= target:
+        misses.append(f"mean {np.mean(final):.4g} < {target:g}")
+    if not np.min(final) > target / 2:
+        misses.append(f"worst seed {np.min(final):.4g} <= {target / 2:g}")
+    return "met" if not misses else "not met: " + "; ".join(misses)
+
+
+def time_to_target(result: dict, target: float):
+    """(env steps per seed, seconds from the process's launch) at the end of the first curve bin
+    whose mean over the seeds reached target (updates taken as equally long), None if none."""
+    curves = np.array(result["curves"][0], dtype=np.float64)  # [seeds, bins], None -> NaN
+    with warnings.catch_warnings():  # a bin where no seed finished an episode: NaN, no hit
+        warnings.simplefilter("ignore", RuntimeWarning)
+        hit = np.nan_to_num(np.nanmean(curves, axis=0), nan=-np.inf) >= target
+    if not hit.any():
+        return None
+    steps = result["curve_steps"]
+    step = steps[int(hit.argmax())]
+    run_start = result["returned_at"] - result["run_s"] - result["launched_at"]
+    return step, run_start + step / steps[-1] * result["run_s"]
+
+
+def row_for(game: str, r: dict) -> list:
+    final = np.asarray(r["final"][0], dtype=np.float64)
+    steps = int(r["curve_steps"][-1])  # what ran: whole updates of 64 x 128 steps
+    target = PUBLISHED[game]
+    reached = time_to_target(r, target)
+    return [
+        game, f"{len(final)} x {steps:,}", common.with_ci(final), f"{final.min():.4g}",
+        ", ".join(f"{x:.4g}" for x in final), f"{target:g}",
+        ("**" if game in TARGETS else "") + verdict(final, target)
+        + ("**" if game in TARGETS else ""),
+        "never" if reached is None else f"{reached[0]:,.0f} steps, {reached[1]:.0f} s",
+        f"{r['process_s']:.0f}", f"{r['compile_s']:.1f}", f"{r['sps']:,.0f}",
+        f"{len(final) * steps / r['process_s']:,.0f}"]
+
+
+def plot_curves(results: dict, name: str) -> Path | None:
+    """One panel per game: the mean return over the seeds with its 95% bootstrap CI band against
+    env steps, and the published return (reached at 10M steps) as a dashed line."""
+    if not results:
+        return None
+    fig, axes = common.new_figure(5 * len(results), 4, len(results))
+    for ax, (game, r) in zip(axes, results.items()):
+        curves = np.array(r["curves"][0], dtype=np.float64)
+        mean, lo, hi = common.bootstrap_band(curves)
+        steps = np.asarray(r["curve_steps"])
+        ax.plot(steps, mean, label=f"ppo.py preset ({len(curves)} seeds)")
+        ax.fill_between(steps, lo, hi, alpha=0.25)
+        ax.axhline(PUBLISHED[game], color="gray", ls="--", lw=1,
+                   label=f"published PPO {PUBLISHED[game]} (at {PUBLISHED_STEPS / 1e6:.0f}M steps)")
+        ax.set_xlabel("environment steps per seed")
+        ax.set_ylabel("episode return (mean of the episodes finished)")
+        ax.set_title(f"{game}: mean over seeds, 95% CI")
+        ax.legend(loc="best")
+    return common.save_figure(fig, name)
+
+
+def run(quick: bool = False, network: str | None = None) -> str:
+    extra = {"network": network} if network else {}
+    flags = [f for k, v in extra.items() for f in (f"--{k}", v)]
+    load_start, results, rows = common.load_average(), {}, []
+    args = argparse.Namespace(**common.run_worker(  # every game shares the MINATAR preset
+        Path(__file__), {"game": GAMES[0], "extra": extra}, as_user=True))
+    if quick:
+        flags += ["--total-timesteps", str(QUICK_UPDATES * args.num_envs * args.num_steps)]
+    for game in QUICK_GAMES if quick else GAMES:
+        t0 = time.time()
+        try:
+            with tempfile.TemporaryDirectory() as cache:  # empty: the process compiles (cold)
+                results[game] = common.run_command("ppo", ["--env-id", game, *flags], np.inf,
+                                                   cache)
+            rows.append(row_for(game, results[game]))
+        except RuntimeError as e:  # reported in its row; the other games still run
+            print(str(e)[-2000:], file=sys.stderr)
+            rows.append([game, f"failed: {str(e).strip().splitlines()[-1][:80]}",
+                         *["n/a"] * 10])
+        print(f"  minatar {game}: {time.time() - t0:.0f} s", flush=True)
+    suffix = f"_{network}" if network else ""
+    plot = plot_curves(results, f"minatar_curves{suffix}.png")
+    headers = ["game", "seeds x steps per seed", "final return, mean [95% CI]", "worst seed",
+               "every seed", "published PPO (10M steps)",
+               "target: mean >= published, every seed > half", "4-seed mean first >= published",
+               "whole process s", "compile s", "steps/s (all seeds, training)",
+               "steps/s (all seeds, whole process)"]
+    command = f"python algos/ppo.py --env-id <game>{''.join(' ' + f for f in flags)}"
+    preset = (f"{args.num_envs} envs x {args.num_steps} steps, {args.num_minibatches} "
+              f"minibatches x {args.update_epochs} epochs, network {args.network}"
+              + (f" (2 x {args.hidden_size} {args.activation})" if args.network == "mlp" else "")
+              + f", lr {args.learning_rate[0]:g}" + (" annealed to 0" if args.anneal_lr else "")
+              + f", gamma {args.gamma[0]:g}, lambda {args.gae_lambda[0]:g}, clip "
+              f"{args.clip_coef[0]:g}, entropy {args.ent_coef[0]:g}; its budget {args.num_seeds} "
+              f"seeds x {args.total_timesteps:,} steps" + (", not this run's" if quick else ""))
+    sources = [[game, f"{PUBLISHED[game]:g}", f"{PUBLISHED_STEPS:,}",
+                f"[gymnax README]({GYMNAX_README}) (table of environments, column Ckpt "
+                f"(Return)); [gymnax-blines agents/{game}/ppo.yaml]"
+                f"({BLINES_YAML.format(game=game)})"] for game in GAMES]
+    text = [
+        "## MinAtar: ppo.py's preset beside the published PPO returns" + (
+            f" (--network {network})" if network else ""),
+        f"Each game as typed: `{command}`, one process per game, an empty compilation cache. "
+        f"The preset as ppo.py resolves it: {preset}. Final return: the mean episode return "
+        "over the last 5% of updates of each seed; CI: percentile bootstrap over the seeds. "
+        "Target (issue 20, in bold: Breakout-MinAtar and SpaceInvaders-MinAtar; Asterix and "
+        "Freeway held to the same rule at their published numbers, for reference): the mean "
+        "over seeds at least the published return and every seed above half of it. First >=: "
+        "the end of the first of 100 bins of updates whose mean over the seeds reached the "
+        "published return, in env steps per seed and seconds from the process's launch. "
+        f"Load average (1, 5, 15 min) at the start: {load_start}; at the end: "
+        f"{common.load_average()}"
+        + (". Quick: numbers that check the pipeline, not the algorithm." if quick else "."),
+        common.md_table(headers, rows),
+        "Published PPO returns for the same gymnax envs. gymnax-blines trains one run per game "
+        f"with the same configuration for all four ({BLINES_CONFIG}) and scores the final "
+        "policy on 164 episodes with sampled actions; ours is the return of the training "
+        f"episodes in the last 5% of updates (also sampled actions), {args.num_seeds} seeds.",
+        common.md_table(["game", "published PPO return", "steps", "source"], sources),
+        f"Also: PureJaxRL's Breakout plot ([docs/minatar_plot_seconds.png]({PUREJAXRL_PLOT}), "
+        "its README) ends near 40 for its JAX PPO, read off the plot (it states no budget; "
+        "the repository's MinAtar notebook trains 10M steps with a 64-wide MLP)."]
+    if plot:
+        text.append(f"![MinAtar learning curves]({plot.name})")
+    return "\n\n".join(text)
+
+
+if __name__ == "__main__":
+    if not common.worker_entry(resolved):
+        parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+        parser.add_argument("--quick", action="store_true", help="Breakout on 3 updates per seed")
+        parser.add_argument("--network", choices=("mlp", "cnn"), default=None,
+                            help="override the preset's network (default: the preset's)")
+        opts = parser.parse_args()
+        print(common.machine_header() + "\n\n" + run(opts.quick, opts.network))
