@@ -285,9 +285,8 @@ def cross_fit(episodes: Episodes, target, gamma, folds: int):
 
 
 # ---------------------------------------------------------------------------- --target-model
-# A policy saved by algos/ppo.py --save-model on its gymnax env: its actor MLP (on flattened
-# observations), laid out as ppo.py's so that the saved parameters load as they are, and ppo.py's
-# observation normalisation. Only a discrete policy's logits are needed: not the critic.
+# A policy saved by algos/ppo.py --save-model: its actor MLP on flattened observations, laid out
+# as ppo.py's (its parameters load as they are), and ppo.py's observation normalisation.
 class TargetModel(NamedTuple):
     env_id: str
     actor: dict  # one seed's "actor" parameters of ppo.py's ActorCritic: Dense layers 0, 2 and 4
@@ -311,10 +310,9 @@ def load_target_model(args: Args) -> TargetModel:
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise ArgError(f"--target-model: cannot read {path!r} as a model saved by ppo.py ({e!r})")
     import gymnax
-    from gymnax.environments import spaces
     env, env_params = gymnax.make(env_id)
     network = saved.get("network", "mlp")  # (models saved before presets are MLPs)
-    if network != "mlp" or not isinstance(env.action_space(env_params), spaces.Discrete):
+    if network != "mlp" or not hasattr(env.action_space(env_params), "n"):  # n: Discrete's
         raise ArgError(f"--target-model: {path} holds a {network} policy of {env_id}; this file "
                        "rebuilds ppo.py's MLP policies of discrete actions only")
     if not 0 <= k < obs_mean.shape[0]:

@@ -35,8 +35,8 @@ RESOLVED = {
     (vpg, "CartPole-v1"): dict(num_envs=32, num_steps=64, num_minibatches=4, update_epochs=4,
                                learning_rate=(2.5e-3,), total_timesteps=300_000,
                                activation="tanh"),
-    (vpg, "Pendulum-v1"): dict(num_envs=8, num_steps=32, learning_rate=(5e-3,), gamma=(0.95,),
-                               total_timesteps=300_000, normalize_obs=True),
+    (vpg, "Pendulum-v1"): dict(num_envs=8, num_steps=32, learning_rate=(2.5e-3,), gamma=(0.95,),
+                               total_timesteps=1_000_000, normalize_obs=True),
 }
 
 
