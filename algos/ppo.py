@@ -490,20 +490,18 @@ def make_train(args: Args):
             episode_return=jnp.zeros(args.num_envs),
             episode_length=jnp.zeros(args.num_envs, jnp.int32), key=k_run, update=jnp.int32(0))
 
-    def advance(hp, runner: RunnerState, length: int, valid=None):
-        """`length` updates; with `valid` (traced), only the first `valid` of them run, so that
-        the last, shorter segment of a run is the same program as the others (a branch not taken
-        costs nothing, and its metrics rows are dropped)."""
+    def advance(hp, runner: RunnerState, length: int, valid):
+        """`length` updates, of which only the first `valid` (traced) run: the last, shorter
+        segment of a run is then the same program as the others (a branch not taken costs
+        nothing; its metrics rows are dropped)."""
         step = partial(update_step, hp, make_tx(hp))
-        if valid is None:
-            return jax.lax.scan(lambda runner, _: step(runner), runner, None, length)
         skip = lambda runner: (runner, jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype),
                                                     jax.eval_shape(step, runner)[1]))
         return jax.lax.scan(lambda runner, i: jax.lax.cond(i < valid, step, skip, runner),
                             runner, jnp.arange(length))
 
     def train(key, hp):
-        return advance(hp, init(key, hp), num_updates)
+        return advance(hp, init(key, hp), num_updates, num_updates)
 
     train.init, train.advance, train.num_updates = init, advance, num_updates
     train.network, train.as_inputs = network, as_inputs  # for capture_gif

@@ -44,6 +44,8 @@ TARGETS = ("Breakout-MinAtar", "SpaceInvaders-MinAtar")  # issue 20's; the other
 PUBLISHED = {"Breakout-MinAtar": 28, "SpaceInvaders-MinAtar": 131, "Asterix-MinAtar": 15,
              "Freeway-MinAtar": 58}
 PUBLISHED_STEPS = 10_000_000
+# Issue 20's small tasks at the gymnax README's budgets: env -> (published PPO return, target).
+SMALL = {"Acrobot-v1": (-80, -85), "MountainCar-v0": (-118, -120)}
 GYMNAX_README = ("https://github.com/RobertTLange/gymnax/blob/"
                  "086ad95697d5898b95ce3b14fa25f2b0bae4a1fc/README.md")
 BLINES_YAML = ("https://github.com/RobertTLange/gymnax-blines/blob/"
@@ -192,7 +194,27 @@ def run(quick: bool = False, network: str | None = None) -> str:
         "the repository's MinAtar notebook trains 10M steps with a 64-wide MLP)."]
     if plot:
         text.append(f"![MinAtar learning curves]({plot.name})")
-    return "\n\n".join(text)
+    return "\n\n".join(text + ([] if quick or network else [small_tasks()]))
+
+
+def small_tasks() -> str:
+    """Acrobot-v1 and MountainCar-v0 as typed (their presets: the discrete one at the gymnax
+    README's budgets), against issue 20's targets."""
+    rows = []
+    for env_id, (published, target) in SMALL.items():
+        with tempfile.TemporaryDirectory() as cache:
+            r = common.run_command("ppo", ["--env-id", env_id], np.inf, cache)
+        final = np.asarray(r["final"][0], dtype=np.float64)
+        rows.append([f"`ppo.py --env-id {env_id}`", f"{len(final)} x {r['total_timesteps']:,}",
+                     common.with_ci(final), f"{final.min():.4g}", f"{published:g}",
+                     f">= {target:g}: " + ("met" if final.mean() >= target else "not met"),
+                     f"{r['process_s']:.0f}"])
+    return "\n\n".join([
+        "## The small tasks of issue 20, at the gymnax README's budgets",
+        "Each as typed, one process, an empty compilation cache; the discrete preset (CartPole's "
+        "values) with the budget of the gymnax README's PPO row. Final return as above.",
+        common.md_table(["command", "seeds x steps", "final return, mean [95% CI]", "worst seed",
+                         "published PPO", "target (mean)", "whole process s"], rows)])
 
 
 if __name__ == "__main__":
