@@ -28,10 +28,10 @@ RESOLVED = {
                                total_timesteps=300_000, network="mlp", normalize_obs=True,
                                normalize_reward=True),
     (ppo, "Breakout-MinAtar"): dict(num_envs=64, num_steps=128, num_minibatches=8,
-                                    update_epochs=4, learning_rate=(2.5e-3,), gamma=(0.99,),
+                                    update_epochs=4, learning_rate=(5e-3,), gamma=(0.99,),
                                     clip_coef=(0.2,), ent_coef=(0.01,), network="mlp",
-                                    hidden_size=256, activation="relu",
-                                    total_timesteps=2_000_000),
+                                    hidden_size=64, activation="relu",
+                                    total_timesteps=3_000_000),
     (vpg, "CartPole-v1"): dict(num_envs=32, num_steps=64, num_minibatches=4, update_epochs=4,
                                learning_rate=(2.5e-3,), total_timesteps=300_000,
                                activation="tanh"),
@@ -53,7 +53,7 @@ def test_a_flag_beats_its_preset():
     args = ppo.validate(ppo.Args(env_id="Breakout-MinAtar", num_envs=16, learning_rate=(1e-3,),
                                  network="cnn"))
     assert (args.num_envs, args.learning_rate, args.network) == (16, (1e-3,), "cnn")
-    assert (args.num_steps, args.hidden_size) == (128, 256)  # the rest: the preset's
+    assert (args.num_steps, args.activation) == (128, "relu")  # the rest: the preset's
     # --num-envs 2048 alone (on CartPole-v1's preset) still sets what solves it: the rules give
     # 16 steps, 32 minibatches of 1024 and 1.5 x 500 x 2048 steps.
     args = ppo.validate(ppo.Args(num_envs=2048))
@@ -85,8 +85,8 @@ def test_cnn_on_any_leading_shape_and_in_one_update(module):
 
 
 # What a correct PPO reaches on Breakout-MinAtar with its preset on a budget that fits the suite:
-# 4.5 to 4.6 on each of 4 other seeds, from 0.38 in the first update; a uniform random policy
-# scores 0.41 a game (benchmarks/bench_envs.py's random_returns).
+# 3.7 to 4.3 on each of 4 other seeds (--seed 7), from 0.38 in the first update; a uniform random
+# policy scores 0.41 a game (benchmarks/bench_envs.py's random_returns).
 LEARNING = dict(args=dict(env_id="Breakout-MinAtar", total_timesteps=8192 * 12), budget=98_304,
                 seeds=2, mean=3.0, worst=2.0, rise=2.0)
 
