@@ -5,7 +5,7 @@
     python benchmarks/run.py --only minatar [--quick]      # writes MINATAR.md
 
 Each game is the command a user types, `python algos/ppo.py --env-id <game>` (ppo.py's MINATAR
-preset: 4 seeds x 2M steps, 64 envs x 128 steps, 2 x 256 relu MLP), run in its own process with
+preset: 4 seeds x 3M steps, 64 envs x 128 steps, 2 x 64 relu MLP), run in its own process with
 an empty compilation cache (common.run_command: the file's own main(), --no-track, a temporary
 --log-dir), so the whole-process time is what a new user waits, compile included. The final
 return of a seed is the mean episode return over the last 5% of updates (ppo.final_returns);
@@ -13,10 +13,8 @@ the published numbers are the gymnax README's PPO returns of gymnax-blines' chec
 steps: PUBLISHED below). Time to target: the first bin of the learning curve (100 bins of
 updates) whose mean over the seeds reached the published return.
 
-Not part of the default `benchmarks/run.py` run: about 25 minutes of the whole 2-core machine, an
-estimate (4 games x 4 seeds x 2M steps = 32M steps at ~25k steps/s, the rate of issue 20's
-Breakout probe, plus four cold compiles; random-action env steps of SpaceInvaders, Asterix and
-Freeway cost 4-6x Breakout's, a few percent of the run); run it alone.
+Not part of the default `benchmarks/run.py` run: MINATAR.md records how long it took (the four
+games' processes, each with its cold compile, and the two small tasks); run it alone.
 --quick runs Breakout on 3 updates per seed, to check the pipeline. --network cnn (standalone
 only) runs the preset with ppo.py's MinAtar CNN instead, for the network comparison of issue 20;
 its plot is minatar_curves_cnn.png."""
