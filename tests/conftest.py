@@ -17,8 +17,11 @@ _DEVICES_FLAG = "--xla_force_host_platform_device_count=2"
 if _DEVICES_FLAG not in os.environ.get("XLA_FLAGS", ""):
     os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + _DEVICES_FLAG).strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
-_CACHE = tempfile.TemporaryDirectory(prefix="jax-cache-")
-os.environ["JAX_COMPILATION_CACHE_DIR"] = _CACHE.name
+# pytest-xdist's workers inherit the variable from the controller, so they share its cache.
+if "JAXRL_TEST_CACHE" not in os.environ:
+    _CACHE = tempfile.TemporaryDirectory(prefix="jax-cache-")
+    os.environ["JAXRL_TEST_CACHE"] = _CACHE.name
+os.environ["JAX_COMPILATION_CACHE_DIR"] = os.environ["JAXRL_TEST_CACHE"]
 
 ROOT = Path(__file__).resolve().parents[1]
 ALGOS = ROOT / "algos"
