@@ -17,7 +17,7 @@ also refreshes the block of README.md between the results markers, so the README
 latest full results. Run it alone on the machine: numbers from a loaded machine go in no table.
 Every workload runs in its own process (common.run_worker). The envs section (well over an hour
 on 2 cores), the long_runs section (about 10 minutes: it would break the budget below) and the
-minatar section (about 25 minutes, estimated: see the table) run only when --only names them,
+minatar section (12.5 minutes measured, MINATAR.md) run only when --only names them,
 and write ENVS.md, LONG_RUNS.md and MINATAR.md, never RESULTS.md nor the README.
 
 Time budget of the full run on 2 cores, in seconds (estimated from measurements on a quiet
