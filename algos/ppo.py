@@ -4,111 +4,46 @@ PPO (Schulman et al. 2017, https://arxiv.org/abs/1707.06347) collects a batch wi
 policy, then takes several epochs of minibatch steps on the clipped surrogate objective
 min(r A, clip(r, 1-eps, 1+eps) A), where r is the probability ratio between the new and the
 behaviour policy and A the GAE(lambda) advantage; the value loss joins the same objective.
-The environment (gymnax), the rollout, GAE and every gradient step run inside one `jax.jit`;
-seeds run side by side as `pmap(vmap(train))`.
-
-Run it:
-    python algos/ppo.py --help
+The environment (gymnax), the rollout, GAE and every gradient step run inside one `jax.jit`:
     python algos/ppo.py                          # CartPole-v1, 4 seeds, 300k steps each
     python algos/ppo.py --num-envs 2048          # same task, 2048 envs per seed
     python algos/ppo.py --env-id Pendulum-v1     # continuous actions, 300k steps each
     python algos/ppo.py --env-id Breakout-MinAtar --capture-gif   # 3M steps; a GIF of the agent
 
 Expect (benchmarks/results): CartPole-v1 ends at 500 on 64 of 64 seeds; Pendulum-v1 at -157 (IQM),
--250 or better on 62 to 64 of 64; Breakout-MinAtar at 43 (4 seeds). Unset flags come from the env's
-preset (PRESETS below). The command line trains in segments, writing progress, tensorboard scalars
-and a checkpoint after each: `--resume RUN_DIR` continues a stopped run.
+-250 or better on 62 to 64 of 64; Breakout-MinAtar at 43 (4 seeds). The algorithm is all above the
+line `# ===... runner`; below it, the runner (vpg.py's and q_learning.py's too). See --help.
 """
 
 # ============================================================================ imports
 import dataclasses
-import hashlib
-import itertools
-import json
 import os
-import signal
-import socket
-import sys
-import tempfile
-import time
 from functools import partial
 from typing import Literal, NamedTuple, Optional
 
-import jax
-
-# Before any JAX operation (importing gymnax runs some): a CPU process gets one device and XLA
-# runs these scan-bound programs mostly on one core; one device per core lets pmap use them all.
-if ("xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", "")
-        and jax.config.jax_num_cpu_devices < 0):
-    jax.config.update("jax_num_cpu_devices", os.cpu_count() or 1)
-
 import distrax
 import flax.linen as nn
-import flax.serialization
 import gymnax
-import jax.extend
+import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
-import tyro
 from gymnax.environments import spaces
-from jax.experimental import multihost_utils
-from jax.experimental.compilation_cache import compilation_cache
-from scipy.stats import trim_mean
-from tensorboard.compat.proto.event_pb2 import Event, SessionLog
-from tensorboard.compat.proto.summary_pb2 import Summary
-from tensorboard.plugins.text.summary_v2 import text_pb
-from tensorboard.summary.writer.record_writer import RecordWriter
 
 
-# ============================================================================ 1. arguments
+# ============================================================================ 1. hyperparameters
 @dataclasses.dataclass
-class Args:
-    exp_name: str = os.path.basename(__file__)[: -len(".py")]
-    """name of this experiment (part of the run directory name)"""
+class Hyperparams:
     env_id: str = "CartPole-v1"
     """gymnax environment id (discrete or continuous action space)"""
-    seed: int = 1
-    """base seed: seed k of the sweep uses the k-th split of PRNGKey(seed)"""
-    num_seeds: int = 4
-    """independent runs side by side: vmap per device, pmap over the devices (on CPU, cores)"""
-    track: bool = True
-    """write tensorboard event files under --log-dir"""
-    log_dir: str = "runs"
-    """root directory of the tensorboard runs"""
-    save_model: bool = False
-    """write the final parameters of every seed to model.msgpack in the run directory"""
-    compile_cache_dir: str = os.environ.get("JAX_COMPILATION_CACHE_DIR",
-                                            os.path.expanduser("~/.cache/jax"))
-    """persistent compilation cache, so a rerun skips most of the compile ("" turns it off)"""
-    resume: Optional[str] = None
-    """RUN_DIR of a stopped run: continue from its checkpoint to the result the uninterrupted run
-    gets (flags that would change the computation must be left out or match)"""
-    num_segments: Optional[int] = None
-    """the run is one compiled program called this many times; after each segment it logs,
-    checkpoints and may stop (default: 10, more for long runs: one per 2^24 env steps)"""
-    distributed: bool = False
-    """one of several processes (jax.distributed): the runs are split over all their devices
-    (implied by the next three flags)"""
-    coordinator_address: Optional[str] = None
-    """--distributed: HOST:PORT of process 0 (default: detected, e.g. under SLURM or Open MPI)"""
-    num_processes: Optional[int] = None
-    """--distributed: how many processes take part (default: detected)"""
-    process_id: Optional[int] = None
-    """--distributed: this process's index, 0 to num_processes - 1 (default: detected)"""
-
-    # Algorithm. A field left at None comes from the preset of --env-id (PRESETS below), else from
-    # a rule of `resolve`; the summary and tensorboard show the resolved values.
-    # Flags marked "sweep" take several values: all combinations train in one program (HPARAMS).
     total_timesteps: Optional[int] = None
-    """environment steps per seed (rule: max(300k, 1.5 * episode step limit * num_envs), so
-    every env lives through a few episodes)"""
+    """environment steps per run (rule: max(300k, 1.5 x episode limit x num_envs))"""
     num_envs: Optional[int] = None
     """parallel environments per seed"""
     num_steps: Optional[int] = None
     """steps per environment per rollout (rule: 2048 // num_envs clipped to [16, 128])"""
     num_minibatches: Optional[int] = None
-    """minibatches per epoch (rule: batch / 512 clipped to [4, 32], a divisor of the batch)"""
+    """minibatches per epoch (rule: the largest divisor of the batch <= batch / 512, in [4, 32])"""
     update_epochs: Optional[int] = None
     """passes over each batch"""
     learning_rate: Optional[tuple[float, ...]] = None
@@ -139,27 +74,24 @@ class Args:
     """running observation normalisation"""
     normalize_reward: Optional[bool] = None
     """scale rewards by a running std of the discounted return"""
-    capture_gif: bool = False
-    """after training, draw one episode of seed 0's policy into episode.gif (gymnax's Visualizer)"""
 
 
-# Presets: what each sets (a flag the user gives wins) and where it comes from. An env without an
-# entry takes its action kind's; what neither sets follows the rules of `resolve`.
+# Presets: what each sets for a flag left unset (None) and where it comes from. An env without an
+# entry takes its action space's (discrete, box); what neither sets follows the rules of `resolve`.
 # Discrete: a 12-configuration x 32-seed sweep on CartPole-v1 (benchmarks/robustness.py).
 DISCRETE = dict(num_envs=32, update_epochs=4, learning_rate=2.5e-3, gamma=0.99, gae_lambda=0.95,
                 clip_coef=0.1, ent_coef=0.01, network="mlp", hidden_size=64, activation="tanh",
                 normalize_obs=False, normalize_reward=False)
-# Continuous: Pendulum-v1 (benchmarks/results/robustness_candidates.md); gamma 0.95, a short
-# horizon, suits its dense reward.
+# Continuous: Pendulum-v1 (results/robustness_candidates.md); gamma 0.95 suits its dense reward.
 CONTINUOUS = dict(DISCRETE, num_envs=16, num_steps=256, update_epochs=10, learning_rate=1e-3,
                   gamma=0.95, clip_coef=0.2, ent_coef=0.0, total_timesteps=300_000,
                   normalize_obs=True, normalize_reward=True)
-# MinAtar: gymnax-blines' agents/<game>/ppo.yaml (64 envs x 128 steps, 4 epochs x 8 minibatches,
-# relu MLP, clip 0.2, entropy 0.01) with our width, learning rate, gamma and budget: 2 x 64 runs
-# ~3x the steps/s of 2 x 256 and passes Breakout's and SpaceInvaders' published returns by 2M steps.
+# MinAtar: PureJaxRL's (examples/brax_minatar.ipynb: 64 envs x 128 steps, 4 epochs x 8 minibatches,
+# lr 5e-3 annealed, 2 x 64 relu, gamma 0.99, clip 0.2, entropy 0.01) without its value clipping,
+# 3M steps (Breakout's and SpaceInvaders' published returns passed by 2M, results/MINATAR.md).
 MINATAR = dict(DISCRETE, num_envs=64, num_steps=128, num_minibatches=8, activation="relu",
                learning_rate=5e-3, clip_coef=0.2, total_timesteps=3_000_000)
-PRESETS = {"discrete": DISCRETE, "continuous": CONTINUOUS, "CartPole-v1": DISCRETE,
+PRESETS = {"discrete": DISCRETE, "box": CONTINUOUS, "CartPole-v1": DISCRETE,
            "Pendulum-v1": CONTINUOUS,
            "Acrobot-v1": dict(DISCRETE, total_timesteps=500_000),  # the gymnax README's budget
            "MountainCar-v0": dict(DISCRETE, total_timesteps=250_000),  # likewise
@@ -173,74 +105,35 @@ HPARAMS = dict(learning_rate=("> 0", lambda x: x > 0), gamma=UNIT, gae_lambda=UN
                max_grad_norm=NON_NEGATIVE)
 
 
-class ArgError(ValueError):
-    """A flag broke a rule: reported as one line with exit status 2, before anything compiles."""
-
-
-def resolve(args: Args, env, env_params) -> Args:
-    """Every None field from the preset of --env-id, then from the rules that follow --num-envs."""
-    kind = "continuous" if isinstance(env.action_space(env_params), spaces.Box) else "discrete"
-    args = dataclasses.replace(args, **{
-        k: (v,) if k in HPARAMS else v
-        for k, v in PRESETS.get(args.env_id, PRESETS[kind]).items() if getattr(args, k) is None})
-    num_steps = args.num_steps or int(np.clip(2048 // args.num_envs, 16, 128))
-    batch_size = args.num_envs * num_steps
-    most = int(np.clip(batch_size // 512, 4, 32))
-    # An env needs a whole episode (500 steps in CartPole-v1) before it reports a return.
-    total = args.total_timesteps or max(300_000, int(1.5 * env_params.max_steps_in_episode
-                                                     * args.num_envs))
-    return dataclasses.replace(
-        args, num_steps=num_steps, total_timesteps=total,
-        num_minibatches=args.num_minibatches or max(  # the largest count <= most dividing it
-            d for d in range(1, most + 1) if batch_size % d == 0),
-        num_segments=args.num_segments or max(10, -(-total * len(grid(args)) * args.num_seeds
-                                                    // 2**24)))
-
-
-def grid(args: Args) -> list:
-    """Every combination of the HPARAMS values (the first flag varies slowest)."""
-    return [dict(zip(HPARAMS, values))
-            for values in itertools.product(*(getattr(args, k) for k in HPARAMS))]
-
-
-def check_one_value_flags(argv):
-    """tyro would read `--num-envs 4 8` as an unknown option "8": name the flag instead."""
-    one_value = {"--" + f.name.replace("_", "-") for f in dataclasses.fields(Args)
-                 if "tuple" not in str(f.type) and f.type is not bool}
-    for i, flag in enumerate(argv):
-        values = list(itertools.takewhile(lambda v: not v.startswith("--"), argv[i + 1:]))
-        if flag in one_value and len(values) > 1:
-            raise ArgError(f"{flag} takes one value: it sets array shapes or loop lengths")
-
-
-def validate(args: Args) -> Args:
-    """Check every flag and resolve the defaults (resolve), before anything is compiled."""
-    for name in ("num_seeds", "num_envs", "num_steps", "num_minibatches", "update_epochs",
-                 "hidden_size", "total_timesteps", "num_segments"):
-        if getattr(args, name) is not None and getattr(args, name) < 1:
-            raise ArgError(f"--{name.replace('_', '-')} must be >= 1 (got {getattr(args, name)})")
-    for name, (rule, holds) in HPARAMS.items():
-        for x in getattr(args, name) or ():
-            if not holds(x):
-                raise ArgError(f"--{name.replace('_', '-')} must be {rule} (got {x})")
+def resolve(args):
+    """Unset (None) flags from the preset of --env-id, then the rules; ValueError on a bad flag."""
     try:  # an unknown id, or an env that cannot be built here (MNISTBandit-bsuite downloads data)
         env, env_params = gymnax.make(args.env_id)
     except Exception as e:
-        raise ArgError(f"--env-id {args.env_id!r} cannot be built: {e!r}".splitlines()[0]) from None
-    if not isinstance(env.action_space(env_params), (spaces.Discrete, spaces.Box)):
-        raise ArgError(f"--env-id {args.env_id!r} has an action space PPO here does not handle")
-    args = resolve(args, env, env_params)
-    batch_size, obs_shape = args.num_envs * args.num_steps, env.observation_space(env_params).shape
+        raise ValueError(f"--env-id {args.env_id!r} cannot be built: {e!r}".splitlines()[0])
+    if not isinstance(space := env.action_space(env_params), (spaces.Discrete, spaces.Box)):
+        raise ValueError(f"--env-id {args.env_id!r} has an action space PPO here does not handle")
+    preset = PRESETS.get(args.env_id, PRESETS[type(space).__name__.lower()])
+    args = dataclasses.replace(args, **{k: (v,) if k in HPARAMS else v
+                                        for k, v in preset.items() if getattr(args, k) is None})
+    num_steps = args.num_steps or int(np.clip(2048 // args.num_envs, 16, 128))
+    batch_size = args.num_envs * num_steps
+    most = int(np.clip(batch_size // 512, 4, 32))
+    args = dataclasses.replace(
+        args, num_steps=num_steps,
+        # An env needs a whole episode (500 steps in CartPole-v1) before it reports a return.
+        total_timesteps=args.total_timesteps or max(
+            300_000, int(1.5 * env_params.max_steps_in_episode * args.num_envs)),
+        num_minibatches=args.num_minibatches or max(
+            d for d in range(1, most + 1) if batch_size % d == 0))
     if batch_size % args.num_minibatches:
-        raise ArgError(f"--num-minibatches {args.num_minibatches} must divide the batch "
-                       f"num_envs * num_steps = {batch_size}")
+        raise ValueError(f"--num-minibatches {args.num_minibatches} must divide the batch "
+                         f"num_envs * num_steps = {batch_size}")
     if args.total_timesteps < batch_size:
-        raise ArgError(f"--total-timesteps {args.total_timesteps} is less than one batch "
-                       f"(num_envs * num_steps = {batch_size})")
-    if args.network == "cnn" and len(obs_shape) != 3:
-        raise ArgError(f"--network cnn needs image observations; {args.env_id}'s are {obs_shape}")
-    if args.capture_gif and (why := undrawable(env, env_params)):
-        raise ArgError(f"--capture-gif cannot draw {args.env_id} here: {why}")
+        raise ValueError(f"--total-timesteps {args.total_timesteps} is less than one batch "
+                         f"(num_envs * num_steps = {batch_size})")
+    if args.network == "cnn" and len(shape := env.observation_space(env_params).shape) != 3:
+        raise ValueError(f"--network cnn needs image observations; {args.env_id}'s are {shape}")
     return args
 
 
@@ -250,10 +143,6 @@ class RunningStats(NamedTuple):
     mean: jax.Array
     var: jax.Array
     count: jax.Array
-
-    @classmethod
-    def create(cls, shape):
-        return cls(jnp.zeros(shape), jnp.ones(shape), jnp.asarray(1e-4))
 
     def update(self, batch):
         b_mean, b_var, b_count = batch.mean(0), batch.var(0), batch.shape[0]
@@ -270,9 +159,8 @@ def normalize(obs, stats: RunningStats, enabled: bool):
 # ============================================================================ 3. network
 class MinAtarCNN(nn.Module):
     """MinAtar's network (Young & Tian 2019, https://arxiv.org/abs/1903.03176): 16 filters of 3x3
-    (no padding) and a dense layer of 128, relu, on [..., H, W, C] (any leading axes). The
-    convolution is a dense layer on the 3x3 patches: XLA's CPU convolution, vmapped over seeds (a
-    kernel each), becomes a grouped convolution many times slower than this matmul."""
+    and a dense layer of 128, relu, on [..., H, W, C]. The convolution is a dense layer on the 3x3
+    patches: XLA's CPU convolution, vmapped over seeds, becomes a slower grouped convolution."""
 
     @nn.compact
     def __call__(self, x):
@@ -284,8 +172,7 @@ class MinAtarCNN(nn.Module):
 
 
 class ActorCritic(nn.Module):
-    """The policy and the value as separate networks, orthogonal initialisation: MLPs (on
-    flattened observations), or MinAtar's convolution under a linear head."""
+    """Policy and value as separate networks: MLPs on flattened observations, or MinAtarCNNs."""
     action_dim: int
     continuous: bool
     hidden_size: int = 64
@@ -315,7 +202,7 @@ class ActorCritic(nn.Module):
         return self.policy(obs), self.value(obs)
 
 
-# ============================================================================ 4. training
+# ============================================================================ 4. the update
 class Transition(NamedTuple):
     obs: jax.Array           # normalised observation the action was chosen from
     action: jax.Array
@@ -342,11 +229,9 @@ class RunnerState(NamedTuple):
 
 
 def compute_gae(rewards, values, next_values, terminated, truncated, gamma, gae_lambda):
-    """GAE(lambda) over a [T, N] rollout by a reversed scan.
-
-    next_values[t] is V of the observation after step t *before* auto-reset, so a truncated step
-    bootstraps from its true final observation; a terminated step does not bootstrap; the
-    advantage recursion stops at either."""
+    """GAE(lambda) over a [T, N] rollout by a reversed scan. next_values[t] is V of the observation
+    after step t *before* auto-reset, so a truncated step bootstraps from its true final
+    observation; a terminated step does not bootstrap; the advantage recursion stops at either."""
     deltas = rewards + gamma * (1.0 - terminated) * next_values - values
     masks = gamma * gae_lambda * (1.0 - jnp.maximum(terminated, truncated))
 
@@ -381,11 +266,10 @@ def loss_fn(params, network, hp, clip_vloss, batch: Transition, advantages, targ
                   "stats/clip_frac": (jnp.abs(ratio - 1.0) > clip).mean()}
 
 
-def make_train(args: Args):
-    """train(key, hp) -> (final RunnerState, metrics of shape [num_updates]): one run, with its
-    HPARAMS values hp (a dict of scalars) as traced arguments, in one program. The same run in
-    pieces, as the command line calls it: train.init(key, hp) -> RunnerState, then
-    train.advance(hp, runner, length, valid) -> (runner, metrics [length]) repeatedly."""
+def make_train(args):
+    """train(key, hp) -> (final RunnerState, metrics [num_updates]): one run, its HPARAMS values
+    hp (a dict of scalars) traced, as one program. Its parts: train.init(key, hp) -> RunnerState,
+    train.update(hp, runner) -> (runner, metrics) and train.act(runner, obs, key) -> actions."""
     env, env_params = gymnax.make(args.env_id)
     action_space = env.action_space(env_params)
     continuous = isinstance(action_space, spaces.Box)
@@ -397,17 +281,16 @@ def make_train(args: Args):
     batch_size = args.num_envs * args.num_steps
     minibatch_size = batch_size // args.num_minibatches
     num_updates = args.total_timesteps // batch_size
-    network = ActorCritic(action_dim, continuous, args.hidden_size, args.network,
-                           args.activation)
+    network = ActorCritic(action_dim, continuous, args.hidden_size, args.network, args.activation)
 
     def make_tx(hp):  # from this run's traced learning rate and gradient clip
-        lr = hp["learning_rate"]
-        steps = num_updates * args.update_epochs * args.num_minibatches
+        lr, steps = hp["learning_rate"], num_updates * args.update_epochs * args.num_minibatches
         return optax.chain(optax.clip_by_global_norm(hp["max_grad_norm"]), optax.adam(
             optax.linear_schedule(lr, 0.0, steps) if args.anneal_lr else lr, eps=1e-5))
 
-    vreset = jax.vmap(env.reset, in_axes=(0, None))
     vstep = jax.vmap(env.step, in_axes=(0, 0, 0, None))
+    to_env = lambda action: (jnp.clip(action, action_space.low, action_space.high) if continuous
+                             else action)
 
     def env_step(hp, runner: RunnerState, _):
         obs_stats = runner.obs_stats.update(runner.obs) if args.normalize_obs else runner.obs_stats
@@ -415,12 +298,10 @@ def make_train(args: Args):
         key, k_act, k_env = jax.random.split(runner.key, 3)
         dist = network.apply(runner.params, obs, method=ActorCritic.policy)
         action, log_prob = dist.sample_and_log_prob(seed=k_act)
-        env_action = jnp.clip(action, action_space.low, action_space.high) if continuous else action
         next_obs, env_state, reward, terminated, truncated, info = vstep(
-            jax.random.split(k_env, args.num_envs), runner.env_state, env_action, env_params)
+            jax.random.split(k_env, args.num_envs), runner.env_state, to_env(action), env_params)
         done = jnp.logical_or(terminated, truncated)
         terminated, truncated = terminated.astype(jnp.float32), truncated.astype(jnp.float32)
-
         # Reward scaling divides by the std of the discounted return (as gym's NormalizeReward).
         discounted_return = runner.discounted_return * hp["gamma"] + reward
         return_stats = (runner.return_stats.update(discounted_return[:, None])
@@ -457,7 +338,8 @@ def make_train(args: Args):
                                                   (params, opt_state), minibatches)
         return (params, opt_state, batch, key), stats
 
-    def update_step(hp, tx, runner: RunnerState):
+    def update(hp, runner: RunnerState):
+        """One rollout of num_steps in every env, then update_epochs passes of minibatch steps."""
         runner, (traj, finished) = jax.lax.scan(partial(env_step, hp), runner, None,
                                                 args.num_steps)
         values = network.apply(runner.params, traj.obs, method=ActorCritic.value)
@@ -468,11 +350,10 @@ def make_train(args: Args):
         batch = jax.tree.map(flat, (traj, advantages, targets, values))
         key, k_epochs = jax.random.split(runner.key)
         (params, opt_state, _, _), stats = jax.lax.scan(
-            partial(update_epoch, hp, tx), (runner.params, runner.opt_state, batch, k_epochs),
-            None, args.update_epochs)
+            partial(update_epoch, hp, make_tx(hp)),
+            (runner.params, runner.opt_state, batch, k_epochs), None, args.update_epochs)
         runner = runner._replace(params=params, opt_state=opt_state, key=key,
                                  update=runner.update + 1)
-
         count, return_sum, length_sum = jax.tree.map(lambda x: x.sum(), finished)
         metrics = {k: v.mean() for k, v in stats.items()}
         metrics["env_steps"] = runner.update * batch_size
@@ -483,46 +364,172 @@ def make_train(args: Args):
     def init(key, hp) -> RunnerState:
         k_init, k_env, k_run = jax.random.split(key, 3)
         params = network.init(k_init, jnp.zeros(obs_shape))
-        obs, env_state = vreset(jax.random.split(k_env, args.num_envs), env_params)
+        obs, env_state = jax.vmap(env.reset, in_axes=(0, None))(
+            jax.random.split(k_env, args.num_envs), env_params)
+        stats = lambda shape: RunningStats(jnp.zeros(shape), jnp.ones(shape), jnp.asarray(1e-4))
         return RunnerState(
             params=params, opt_state=make_tx(hp).init(params), env_state=env_state,
-            obs=as_inputs(obs), obs_stats=RunningStats.create(obs_shape),
-            return_stats=RunningStats.create((1,)), discounted_return=jnp.zeros(args.num_envs),
+            obs=as_inputs(obs), obs_stats=stats(obs_shape),
+            return_stats=stats((1,)), discounted_return=jnp.zeros(args.num_envs),
             episode_return=jnp.zeros(args.num_envs),
             episode_length=jnp.zeros(args.num_envs, jnp.int32), key=k_run, update=jnp.int32(0))
 
-    def advance(hp, runner: RunnerState, length: int, valid):
-        """`length` updates, of which only the first `valid` (traced) run: the last, shorter
-        segment of a run is then the same program as the others (a branch not taken costs
-        nothing; its metrics rows are dropped)."""
-        step = partial(update_step, hp, make_tx(hp))
-        skip = lambda runner: (runner, jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype),
-                                                    jax.eval_shape(step, runner)[1]))
-        return jax.lax.scan(lambda runner, i: jax.lax.cond(i < valid, step, skip, runner),
-                            runner, jnp.arange(length))
+    def act(runner: RunnerState, obs, key=None):
+        """Actions for raw observations [N, ...], normalisation frozen: sampled, or greedy."""
+        obs = normalize(as_inputs(obs), runner.obs_stats, args.normalize_obs)
+        dist = network.apply(runner.params, obs, method=ActorCritic.policy)
+        return to_env(dist.mode() if key is None else dist.sample(seed=key))
 
     def train(key, hp):
-        return advance(hp, init(key, hp), num_updates, num_updates)
+        return jax.lax.scan(lambda runner, _: update(hp, runner), init(key, hp), None,
+                            num_updates)
 
-    train.init, train.advance, train.num_updates = init, advance, num_updates
-    train.network, train.as_inputs = network, as_inputs  # for capture_gif
+    train.init, train.update, train.act, train.num_updates = init, update, act, num_updates
     return train
 
 
-# ============================================================================ 5. seed sweep
-# LLVM at -O1: compiles faster than XLA's default (6.4 vs 7.1 s, RESULTS.md), as fast a program.
+# ============================================================================ 5. hooks
+# The runner's hooks: XLA's options (LLVM -O1 compiles in 6.4 s, not 7.1, as fast a program), the
+# metric ranking a sweep, the metrics shown, what --save-model writes, its own pictures (none).
 COMPILER_OPTIONS = {"xla_backend_optimization_level": 1}
+SCORE, SHOWN = "episode_return", {}  # SHOWN: metric -> format
+model = lambda state: {"params": state.params, "obs_mean": state.obs_stats.mean,
+                       "obs_var": state.obs_stats.var}
+Drawing, draw = dataclasses.make_dataclass("Drawing", []), lambda run_dir, args, state: []
+
+
+# ============================================================================ runner
+# The same in ppo.py, vpg.py and q_learning.py, byte for byte (a test compares them): it trains
+# make_train's program as a sweep of configurations x seeds, and does all around it, with what
+# the file names above (the flags, HPARAMS, PRESETS, resolve, the hooks): no need to read it.
+import hashlib
+import itertools
+import json
+import signal
+import socket
+import sys
+import tempfile
+import time
+from typing import Annotated
+
+import flax.serialization
+import jax.extend
+import tyro
+from jax.experimental import multihost_utils
+from jax.experimental.compilation_cache import compilation_cache
+from tensorboard.compat.proto.event_pb2 import Event, SessionLog
+from tensorboard.compat.proto.summary_pb2 import Summary
+from tensorboard.plugins.text.summary_v2 import text_pb
+from tensorboard.summary.writer.record_writer import RecordWriter
+
+
+@dataclasses.dataclass
+class Args(Hyperparams, Drawing):
+    exp_name: str = os.path.basename(__file__)[: -len(".py")]
+    """name of this experiment (part of the run directory name)"""
+    seed: int = 1
+    """base seed: seed k of the sweep uses the k-th split of PRNGKey(seed)"""
+    num_seeds: int = 4
+    """independent runs side by side: vmap per device, pmap over the devices (on CPU, cores)"""
+    track: bool = True
+    """write tensorboard event files under --log-dir"""
+    log_dir: str = "runs"
+    """root of the run directories"""
+    save_model: bool = False
+    """write the final model of every run to model.msgpack in the run directory"""
+    capture_gif: bool = False
+    """after training, draw an episode of the first seed's greedy policy (gymnax's envs)"""
+    compile_cache_dir: str = os.environ.get("JAX_COMPILATION_CACHE_DIR",
+                                            os.path.expanduser("~/.cache/jax"))
+    """persistent compilation cache, so a rerun skips most of the compile ("" turns it off)"""
+    resume: Optional[str] = None
+    """RUN_DIR of a stopped run: continue it to what the uninterrupted run computes"""
+    num_segments: Optional[int] = None
+    """calls of the compiled program, each followed by progress, events and a checkpoint"""
+    distributed: bool = False
+    """one of several processes (jax.distributed), which split the runs (implied by the next 3)"""
+    coordinator_address: Optional[str] = None
+    """--distributed: HOST:PORT of process 0 (default: detected, e.g. under SLURM or Open MPI)"""
+    num_processes: Optional[int] = None
+    """--distributed: how many processes take part (default: detected)"""
+    process_id: Optional[int] = None
+    """--distributed: this process's index, 0 to num_processes - 1 (default: detected)"""
+
+
+class ArgError(ValueError):
+    """A flag broke a rule: reported as one line with exit status 2, before anything compiles."""
+
+
+flag = lambda name: "--" + name.replace("_", "-")
+
+
+def grid(args: Args) -> list:
+    """Every combination of the HPARAMS values (the first flag varies slowest)."""
+    return [dict(zip(HPARAMS, values))
+            for values in itertools.product(*(getattr(args, k) for k in HPARAMS))]
+
+
+def validate(args: Args) -> Args:
+    """Check every flag and resolve the unset ones (the file's `resolve`), before any compile."""
+    for field in dataclasses.fields(args):  # every count; a seed or a process index may be 0
+        value = getattr(args, field.name)
+        if type(value) is int and value < 1 and field.name not in ("seed", "process_id"):
+            raise ArgError(f"{flag(field.name)} must be >= 1 (got {value})")
+    for name, (rule, holds) in HPARAMS.items():
+        for x in getattr(args, name) or ():
+            if not holds(x):
+                raise ArgError(f"{flag(name)} must be {rule} (got {x})")
+    try:
+        args = resolve(args)
+    except ValueError as e:
+        raise ArgError(str(e)) from None
+    if args.capture_gif and (why := undrawable(args.env_id)):
+        raise ArgError(f"--capture-gif cannot draw {args.env_id} here: {why}")
+    runs = len(grid(args)) * args.num_seeds  # default: 10 segments, or one per 2^24 steps
+    return dataclasses.replace(args, num_segments=args.num_segments or max(
+        10, -(-args.total_timesteps * runs // 2**24)))
+
+
+def parse(argv) -> Args:
+    """The command line as Args. Its help shows, for each flag left to a preset or a rule, the
+    value it takes on the default env."""
+    one_value = {flag(f.name) for f in dataclasses.fields(Args)
+                 if "tuple" not in str(f.type) and f.type is not bool}
+    for i, name in enumerate(argv):  # tyro would blame the second value as an unknown option
+        if name in one_value and len(list(itertools.takewhile(
+                lambda v: not v.startswith("--"), argv[i + 1:]))) > 1:
+            raise ArgError(f"{name} takes one value: it sets array shapes or loop lengths")
+    default = resolve(Args())
+    for field in dataclasses.fields(Hyperparams):
+        value = getattr(default, field.name)
+        if field.default is None and value is not None:
+            source = "preset" if field.name in PRESETS.get(default.env_id, ()) else "rule"
+            value = value[0] if isinstance(value, tuple) and len(value) == 1 else value
+            hint = f"(default: {value} on {default.env_id}, by its {source})"
+            Hyperparams.__annotations__[field.name] = Annotated[
+                field.type, tyro.conf.arg(help_behavior_hint=hint)]
+    return tyro.cli(Args, args=argv, description=f"{__doc__.split(chr(10) * 2)[0]}\n\nThe "
+                    "algorithm's flags come first; the runner's from --exp-name on.")
+
+
+# ---------------------------------------------------------------------------- processes
+def use_every_core():
+    """One CPU device per core unless XLA_FLAGS or jax.config chose (XLA runs these programs on
+    about a core per device); the backend that imports started restarts, before any compile."""
+    if ("xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", "")
+            and jax.config.jax_num_cpu_devices < 0 and jax.default_backend() == "cpu"):
+        jax.extend.backend.clear_backends()
+        jax.config.update("jax_num_cpu_devices", os.cpu_count() or 1)
+
+
 CACHE_HITS = []  # of the persistent cache: counted around a compile, to say where it came from
 jax.monitoring.register_event_listener(lambda e, **_: e.endswith("hits") and CACHE_HITS.append(e))
-
-
 JOIN_TIMEOUT_S = 60  # --distributed: a process that has not joined the others by then fails
 
 
 def meet(args: Args):
-    """Before JAX joins the processes (it would abort one whose peers never come, with no word of
-    why), process 0 waits at the coordinator address until every other process has knocked, and
-    they knock until it answers. After JOIN_TIMEOUT_S, a one-line error."""
+    """Before JAX joins the processes (it aborts one whose peers never come), process 0 waits for
+    a knock of every other one, who knock until it answers; after JOIN_TIMEOUT_S, one line."""
     host, _, port = args.coordinator_address.rpartition(":")
     deadline, joined = time.time() + JOIN_TIMEOUT_S, 0
     try:
@@ -567,16 +574,14 @@ def start_processes(args: Args):
                        "processes")
 
 
+# ---------------------------------------------------------------------------- the sweep
 def segments(args: Args, num_devices: Optional[int] = None, start=None):
-    """Train each configuration of grid(args) on args.num_seeds seeds: pmap over the largest
-    number of local devices (at most num_devices) that divides this process's runs x vmap on
-    each device, in args.num_segments calls of one compiled program (the runner state stays on
-    the devices). With --distributed each process trains its contiguous share of the runs.
-
-    Seed k gets the k-th split of PRNGKey(args.seed) in every configuration, whatever the layout.
-    Yields (state, metrics, timing) after each segment, state and metrics as numpy [runs, ...]
-    leaves (every process's runs, configuration-major; metrics [runs, updates so far]).
-    start: the (state, metrics) of a checkpoint, whose run this continues."""
+    """Train each configuration of grid(args) on args.num_seeds seeds (seed k: the k-th split of
+    PRNGKey(args.seed), whatever the layout): pmap over the most local devices (at most
+    num_devices) that divide this process's runs x vmap, in args.num_segments calls of one
+    program. With --distributed each process trains its contiguous share of the runs. Yields
+    (state, metrics, timing) after each segment: numpy [runs, ...] leaves of every process's
+    runs, configuration-major (metrics [runs, updates so far]). start: a checkpoint's."""
     configs, seeds = grid(args), args.num_seeds
     runs = len(configs) * seeds
     share = runs // jax.process_count()  # this process's runs (all of them without --distributed)
@@ -586,15 +591,39 @@ def segments(args: Args, num_devices: Optional[int] = None, start=None):
     keys = jnp.tile(jax.random.split(jax.random.PRNGKey(args.seed), seeds), (len(configs), 1))
     hp = {k: jnp.repeat(jnp.array([c[k] for c in configs], jnp.float32), seeds) for k in HPARAMS}
     layout = lambda x: x[mine].reshape(len(devices), share // len(devices), *x.shape[1:])
-    # Every process's share, in process order, as numpy arrays (process 0 alone writes them).
-    gather = lambda tree: multihost_utils.process_allgather(
-        jax.tree.map(lambda x: x.reshape(share, *x.shape[2:]), tree), tiled=True)
     keys, hp = jax.tree.map(layout, (keys, hp))
     train = make_train(args)
     length = -(-train.num_updates // args.num_segments)  # the last segment may run fewer
+
+    def advance(hp, runner, valid):
+        """`length` updates, of which only the first `valid` (traced) run: the last, shorter
+        segment is the same program (a branch not taken costs nothing; its rows are dropped)."""
+        update = partial(train.update, hp)
+        skip = lambda runner: (runner, jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype),
+                                                    jax.eval_shape(update, runner)[1]))
+        return jax.lax.scan(lambda runner, i: jax.lax.cond(i < valid, update, skip, runner),
+                            runner, jnp.arange(length))
+
+    def gather(tree):
+        """numpy [runs, ...] leaves of every process's share, in process order: with several
+        processes, one transfer per dtype (a leaf each would compile a program each)."""
+        leaves, treedef = jax.tree.flatten(jax.device_get(tree))
+        rows = [x.reshape(share, -1) for x in leaves]
+        if jax.process_count() > 1:
+            kinds = sorted({x.dtype.str for x in rows})
+            blocks = dict(zip(kinds, multihost_utils.process_allgather(
+                [np.concatenate([x for x in rows if x.dtype.str == k], 1) for k in kinds],
+                tiled=True)))
+            at = dict.fromkeys(kinds, 0)
+            for i, x in enumerate(rows):
+                k = x.dtype.str
+                rows[i], at[k] = blocks[k][:, at[k]:at[k] + x.shape[1]], at[k] + x.shape[1]
+        return jax.tree.unflatten(treedef, [r.reshape(runs, *x.shape[2:])
+                                            for r, x in zip(rows, leaves)])
+
     init = jax.pmap(jax.vmap(train.init), devices=devices)
-    advance = jax.pmap(jax.vmap(lambda hp, runner, valid: train.advance(hp, runner, length, valid),
-                                in_axes=(0, 0, None)), devices=devices, donate_argnums=1)
+    advance = jax.pmap(jax.vmap(advance, in_axes=(0, 0, None)), devices=devices,
+                       donate_argnums=1)
     t0, hits = time.perf_counter(), len(CACHE_HITS)  # a hit from here on is training's
     if start is None:
         runner, metrics = init.lower(keys, hp).compile(COMPILER_OPTIONS)(keys, hp), None
@@ -607,6 +636,7 @@ def segments(args: Args, num_devices: Optional[int] = None, start=None):
     advance = advance.lower(hp, runner, per_device(length)).compile(COMPILER_OPTIONS)
     compile_s, cached = time.perf_counter() - t0, len(CACHE_HITS) > hits
     done, t_start = 0 if metrics is None else metrics["env_steps"].shape[1], time.perf_counter()
+    steps_before = 0 if metrics is None or not done else metrics["env_steps"][0, done - 1]
     valid = lambda first: min(length, train.num_updates - first)
     out = advance(hp, runner, per_device(valid(done)))
     for first in range(done, train.num_updates, length):
@@ -618,35 +648,75 @@ def segments(args: Args, num_devices: Optional[int] = None, start=None):
             lambda a, b: np.concatenate([a, b], axis=1), metrics, new)
         run_s = time.perf_counter() - t_start
         yield state, metrics, {
-            "compile_s": compile_s, "run_s": run_s, "cached": cached,
-            "devices": len(devices) * jax.process_count(),
-            "sps": runs * (first + valid(first) - done) * args.num_envs * args.num_steps / run_s}
+            "compile_s": compile_s, "run_s": run_s, "cached": cached, "first": first,
+            "num_updates": train.num_updates, "devices": len(devices) * jax.process_count(),
+            "sps": runs * float(metrics["env_steps"][0, -1] - steps_before) / run_s}
 
 
 def run(args: Args, num_devices: Optional[int] = None):
-    """The whole sweep of segments(): (final runner state, metrics, timing), every leaf with a
-    leading [num_seeds] axis, or [num_configs, num_seeds] for a sweep of several configurations."""
+    """(state, metrics, timing) of the whole sweep, leaves [num_seeds] or [configs, seeds]."""
     *_, (state, metrics, timing) = segments(args, num_devices)
     lead = (len(grid(args)), args.num_seeds) if len(grid(args)) > 1 else (args.num_seeds,)
     return *jax.tree.map(lambda x: x.reshape(*lead, *x.shape[1:]), (state, metrics)), timing
 
 
-# ============================================================================ 6. logging and output
+# ---------------------------------------------------------------------------- output
 def final_returns(metrics, fraction=0.05):
-    """Per seed: mean episode_return over the last `fraction` of updates (NaNs ignored)."""
+    """Per run: mean episode_return over the last `fraction` of updates (NaNs ignored)."""
     returns = np.asarray(metrics["episode_return"])
-    tail = max(1, int(round(returns.shape[1] * fraction)))
-    return np.nanmean(returns[:, -tail:], axis=1)
+    return np.nanmean(returns[..., -max(1, round(returns.shape[-1] * fraction)):], axis=-1)
 
 
 def progress(args: Args, metrics, timing) -> str:
-    """The line printed after each segment: steps so far, the last update's return, speed."""
-    last = metrics["episode_return"][:, -1]
-    finished, runs = last[np.isfinite(last)], "seeds" if len(last) == args.num_seeds else "runs"
-    line = (f"return {np.mean(finished):8.2f} (mean of {len(finished)} {runs})" if len(finished)
-            else "no episode finished yet")
-    return (f"[{args.exp_name}] steps {int(metrics['env_steps'][0, -1]):>10,} / "
-            f"{args.total_timesteps:,}  {line}  SPS {timing['sps']:,.0f}")
+    """After each segment: steps, the mean return of the segment's episodes over every run,
+    the SHOWN metrics, speed."""
+    returns = metrics["episode_return"][:, timing["first"]:]
+    finished = np.isfinite(returns).any(1)
+    steps = metrics["env_steps"][0]
+    line = " ".join(
+        [f"return {np.mean([np.nanmean(r) for r in returns[finished]]):8.4g} (episodes of "
+         f"{finished.sum()} of {len(returns)} runs)" if finished.any()
+         else "no episode finished yet"]
+        + [f"{k} {form.format(np.mean(metrics[k][:, -1]))}" for k, form in SHOWN.items()])
+    return (f"[{args.exp_name}] steps {steps[-1]:>12,.0f} / "
+            f"{steps[-1] / len(steps) * timing['num_updates']:,.0f}  {line}  "
+            f"SPS {timing['sps']:,.0f}")
+
+
+def summary(args: Args, metrics, timing) -> str:
+    """metrics: [runs, updates] leaves. One configuration: its seeds' final results; a sweep: a
+    row per configuration, the best (by SCORE) first."""
+    configs = grid(args)
+    by_config = lambda x: np.asarray(x).reshape(len(configs), args.num_seeds)
+    finals = {"episode_return": by_config(final_returns(metrics)),
+              **{k: by_config(metrics[k][:, -1]) for k in SHOWN}}
+    sweep = f"{len(configs)} configurations x " if len(configs) > 1 else ""
+    lines = [f"{args.exp_name} on {args.env_id}: {sweep}{args.num_seeds} seeds x "
+             f"{metrics['env_steps'][0, -1]:,.0f} steps"]
+    timing_line = (f"{timing['devices']} device(s)  compile {timing['compile_s']:.1f} s"
+                   f"{' (cache)' if timing['cached'] else ''}  run {timing['run_s']:.1f} s  |  "
+                   f"{timing['sps']:,.0f} steps/s")
+    returns = finals["episode_return"]
+    if len(configs) == 1:
+        return "\n".join(
+            [*lines, "final return per seed (last 5% of updates): "
+             + " ".join(f"{r:.4g}" for r in returns[0])]
+            + [f"{k} per seed (last update): " + " ".join(form.format(x) for x in finals[k][0])
+               for k, form in SHOWN.items()]
+            + [f"mean {np.mean(returns):.4g}  min {np.min(returns):.4g}  |  {timing_line}"])
+    varied = [k for k in HPARAMS if len(getattr(args, k)) > 1]
+    lines.append(" | ".join(varied + ["final return mean [95% CI over seeds]", "IQM", "worst",
+                                      *SHOWN]))
+    for c in np.argsort(-finals[SCORE].mean(1), kind="stable"):
+        x = returns[c]  # this configuration's seeds: bootstrap their mean; IQM: the middle half
+        resamples = np.random.default_rng(c).integers(0, len(x), (2000, len(x)))
+        ci = np.percentile(x[resamples].mean(1), [2.5, 97.5])
+        iqm = np.sort(x)[len(x) // 4:len(x) - len(x) // 4].mean()
+        lines.append(" | ".join(
+            [f"{configs[c][k]:g}" for k in varied]
+            + [f"{x.mean():.4g} [{ci[0]:.4g}, {ci[1]:.4g}]", f"{iqm:.4g}", f"{x.min():.4g}"]
+            + [form.format(finals[k][c].mean()) for k, form in SHOWN.items()]))
+    return "\n".join(lines + [timing_line])
 
 
 def config_dirs(run_dir, args: Args) -> list:
@@ -705,19 +775,19 @@ def write_atomic(path, data: bytes):
     os.replace(f.name, path)
 
 
-def write_checkpoint(run_dir, args: Args, state: RunnerState, metrics):
-    """run_dir/checkpoint.msgpack: the arguments, every run's RunnerState and the metrics so far,
-    behind their SHA-256. flax.serialization, as for models: orbax's asynchronous, sharded
-    machinery buys nothing for a file of a few MB written between segments."""
+def write_checkpoint(run_dir, args: Args, state, metrics, num_updates):
+    """run_dir/checkpoint.msgpack: the arguments, every run's state and metrics, behind their
+    SHA-256 (flax.serialization: orbax's sharded, asynchronous machinery buys nothing here)."""
     data = flax.serialization.msgpack_serialize({
         "args": json.dumps(dataclasses.asdict(args)), "metrics": metrics,
-        "state": flax.serialization.to_state_dict(state)})
+        "num_updates": num_updates, "state": flax.serialization.to_state_dict(state)})
     write_atomic(os.path.join(run_dir, "checkpoint.msgpack"), hashlib.sha256(data).digest() + data)
 
 
 # Flags a resumed run may change: they do not change what it computes.
-RESUME_MAY_CHANGE = ("track", "log_dir", "exp_name", "save_model", "compile_cache_dir", "resume",
-                     "distributed", "coordinator_address", "num_processes", "process_id")
+RESUME_MAY_CHANGE = ("track", "log_dir", "exp_name", "save_model", "capture_gif",
+                     "compile_cache_dir", "resume", "distributed", "coordinator_address",
+                     "num_processes", "process_id", *(f.name for f in dataclasses.fields(Drawing)))
 
 
 def read_checkpoint(args: Args, argv) -> tuple:
@@ -729,114 +799,80 @@ def read_checkpoint(args: Args, argv) -> tuple:
         if hashlib.sha256(data).digest() != digest:
             raise ValueError("its checksum does not match: the file is damaged")
         checkpoint = flax.serialization.msgpack_restore(data)
-    except (OSError, ValueError) as e:
-        raise ArgError(f"--resume {args.resume}: no usable checkpoint ({e})") from None
-    saved, typed = json.loads(checkpoint["args"]), {a.split("=")[0] for a in argv}
+        saved, done = json.loads(checkpoint["args"]), checkpoint["metrics"]["env_steps"].shape[1]
+        finished = done >= checkpoint["num_updates"]
+    except (OSError, ValueError, KeyError) as e:
+        raise ArgError(f"--resume {args.resume}: no usable checkpoint ({e!r})") from None
+    typed = {a.split("=")[0] for a in argv}
     for k, v in saved.items():
-        if (k not in RESUME_MAY_CHANGE and "--" + k.replace("_", "-") in typed
+        if (k not in RESUME_MAY_CHANGE and flag(k) in typed
                 and json.loads(json.dumps(getattr(args, k))) != v):
-            raise ArgError(f"--{k.replace('_', '-')} differs from the checkpoint's {v}: --resume "
-                           "continues the run as it was started")
-    steps = checkpoint["metrics"]["env_steps"]
-    if steps[0, -1] + saved["num_envs"] * saved["num_steps"] > saved["total_timesteps"]:
-        raise ArgError(f"--resume {args.resume}: that run is finished (no whole update left)")
-    return dataclasses.replace(args, **{k: tuple(v) if isinstance(v, list) else v
-                                        for k, v in saved.items()
+            raise ArgError(f"{flag(k)} differs from the checkpoint's {v}: --resume continues the "
+                           "run as it was started")
+    if finished:
+        raise ArgError(f"--resume {args.resume}: that run is finished (no update left)")
+    as_tuples = lambda v: tuple(map(as_tuples, v)) if isinstance(v, list) else v
+    return dataclasses.replace(args, **{k: as_tuples(v) for k, v in saved.items()
                                         if k not in RESUME_MAY_CHANGE}), checkpoint
 
 
-def undrawable(env, env_params):
-    """Why gymnax's Visualizer cannot draw this env here, or None: it draws nothing for an env it
-    does not know, and classic control needs pygame, which our requirements leave out."""
+def undrawable(env_id) -> Optional[str]:
+    """Why gymnax cannot draw env_id here (an env it does not know; no pygame), or None."""
+    import gymnax
     from gymnax.visualize import Visualizer
-    visualizer = Visualizer(env, env_params, [env.reset(jax.random.PRNGKey(0), env_params)[1]])
     try:
-        visualizer.init()
+        env, env_params = gymnax.make(env_id)
+        gif = Visualizer(env, env_params, [env.reset(jax.random.PRNGKey(0), env_params)[1]])
+        gif.init()
     except Exception as e:
         return str(e).splitlines()[0]
-    return None if hasattr(visualizer, "im") else "gymnax has no drawing of it"
+    return None if hasattr(gif, "im") else "gymnax has no drawing of it"
 
 
-def capture_gif(path, args: Args, state: RunnerState):
-    """One episode of seed 0's final policy (its most likely actions), drawn with gymnax's
-    Visualizer into `path`."""
+def capture_gif(path, args: Args, state):
+    """An episode of the first run's greedy policy (`act`), drawn by gymnax's Visualizer."""
+    import gymnax
     from gymnax.visualize import Visualizer
     env, env_params = gymnax.make(args.env_id)
-    train, first = make_train(args), lambda tree: jax.tree.map(lambda x: x[0], tree)
-    space, params, stats = env.action_space(env_params), first(state.params), first(state.obs_stats)
+    act, first = make_train(args).act, jax.tree.map(lambda x: x[0], state)
 
     def step(carry, key):
         obs, env_state, done = carry
-        inputs = normalize(train.as_inputs(obs), RunningStats(*stats), args.normalize_obs)
-        action = train.network.apply(params, inputs, method=ActorCritic.policy).mode()[0]
-        action = jnp.clip(action, space.low, space.high) if isinstance(space, spaces.Box) \
-            else action
-        obs, next_state, reward, terminated, truncated, _ = env.step(key, env_state, action,
-                                                                     env_params)
+        obs, next_state, reward, terminated, truncated, _ = env.step(
+            key, env_state, act(first, obs[None])[0], env_params)
         return (obs, next_state, done | terminated | truncated), (env_state, reward, done)
 
     keys = jax.random.split(jax.random.PRNGKey(args.seed), env_params.max_steps_in_episode + 1)
-    carry = (*env.reset(keys[0], env_params), False)
-    _, (states, rewards, done) = jax.lax.scan(step, carry, keys[1:])
+    _, (states, rewards, done) = jax.lax.scan(step, (*env.reset(keys[0], env_params), False),
+                                              keys[1:])
     frames = int(np.argmax(done)) if done.any() else len(done)  # steps of the first episode
     Visualizer(env, env_params, [jax.tree.map(lambda x: x[t], states) for t in range(frames)],
                np.cumsum(rewards[:frames])).animate(path)
     return path
 
 
-def save_model(model_dir, args: Args, state: RunnerState):
-    """Atomically write every seed's parameters (and normalisation statistics) to model.msgpack."""
-    payload = {"args": json.dumps(dataclasses.asdict(args)), "params": state.params,
-               "obs_mean": state.obs_stats.mean, "obs_var": state.obs_stats.var}
-    os.makedirs(model_dir, exist_ok=True)
-    write_atomic(os.path.join(model_dir, "model.msgpack"),
-                 flax.serialization.msgpack_serialize(payload))
+def save_model(model_dir, args: Args, state):
+    """Atomically write the file's `model` of every seed, and the arguments, to model.msgpack."""
+    write_atomic(os.path.join(model_dir, "model.msgpack"), flax.serialization.msgpack_serialize(
+        {"args": json.dumps(dataclasses.asdict(args)), **model(state)}))
     return os.path.join(model_dir, "model.msgpack")
 
 
-def summary(args: Args, finals, timing) -> str:
-    """finals: [num_configs, num_seeds] final returns; one row per configuration, best first."""
-    configs = grid(args)
-    sweep = f"{len(configs)} configurations x " if len(configs) > 1 else ""
-    lines = [f"{args.exp_name} on {args.env_id}: {sweep}{args.num_seeds} seeds x "
-             f"{args.total_timesteps:,} steps ({args.num_envs} envs x {args.num_steps} steps "
-             "per update)"]
-    timing_line = (f"{timing['devices']} device(s)  compile {timing['compile_s']:.1f} s"
-                   f"{' (cache)' if timing['cached'] else ''}  run {timing['run_s']:.1f} s  |  "
-                   f"{timing['sps']:,.0f} steps/s")
-    if len(configs) == 1:
-        return "\n".join(lines + [
-            "final return per seed (last 5% of updates): "
-            + " ".join(f"{r:.1f}" for r in finals[0]),
-            f"mean {np.mean(finals):.2f}  min {np.min(finals):.2f}  |  {timing_line}"])
-    varied = [k for k in HPARAMS if len(getattr(args, k)) > 1]
-    rng = np.random.default_rng(0)
-    lines.append(" | ".join(varied + ["final return mean [95% CI over seeds]", "IQM", "worst"]))
-    for c in np.argsort(-finals.mean(1), kind="stable"):
-        x = finals[c]  # this configuration's seeds: bootstrap their mean
-        ci = np.percentile(x[rng.integers(0, len(x), (2000, len(x)))].mean(1), [2.5, 97.5])
-        lines.append(" | ".join([f"{configs[c][k]:g}" for k in varied] + [
-            f"{x.mean():.1f} [{ci[0]:.1f}, {ci[1]:.1f}]", f"{trim_mean(x, 0.25):.1f}",
-            f"{x.min():.1f}"]))
-    return "\n".join(lines + [timing_line])
-
-
-# ============================================================================ 7. main
+# ---------------------------------------------------------------------------- main
 STOP = []  # Ctrl-C was pressed: the run stops at the end of the current segment
 
 
 def stop_after_segment(signum, frame):
-    """The first Ctrl-C lets the segment finish and write its checkpoint; the second, with the
-    default handler back, stops at once."""
+    """The first Ctrl-C lets the segment finish and checkpoint; the second stops at once."""
     signal.signal(signal.SIGINT, signal.SIG_DFL)
     STOP.append(signum)
     print("\nstopping at the end of this segment (Ctrl-C again: at once)", file=sys.stderr)
 
 
 def main():
+    use_every_core()
     try:
-        check_one_value_flags(sys.argv[1:])  # before tyro, which would blame the value
-        args = validate(tyro.cli(Args, description=__doc__.split("\n\n")[0]))
+        args = validate(parse(sys.argv[1:]))
         args, checkpoint = read_checkpoint(args, sys.argv[1:]) if args.resume else (args, None)
         start_processes(args)
         run_dir = args.resume or os.path.join(
@@ -858,7 +894,7 @@ def main():
         if board:
             board.write(metrics, timing["sps"])
         if writer:
-            write_checkpoint(run_dir, args, state, metrics)
+            write_checkpoint(run_dir, args, state, metrics, timing["num_updates"])
             print(progress(args, metrics, timing), flush=True)
         # Every process stops after the same segment: the others would wait for it forever.
         if multihost_utils.process_allgather(np.int32(len(STOP))).any():
@@ -869,13 +905,16 @@ def main():
     if not writer:
         return
     pick = lambda tree, c: jax.tree.map(lambda x: x[c * args.num_seeds:][:args.num_seeds], tree)
-    for c, (one, config_dir) in enumerate(config_dirs(run_dir, args) if args.save_model else []):
-        print(f"saved {save_model(config_dir, one, pick(state, c))}")
-    if args.capture_gif:  # seed 0 of the first configuration
-        one = config_dirs(run_dir, args)[0][0]
-        print(f"saved {capture_gif(os.path.join(run_dir, 'episode.gif'), one, pick(state, 0))}")
-    print(summary(args, np.stack([final_returns(pick(metrics, c))
-                                  for c in range(len(grid(args)))]), timing))
+    for c, (one, config_dir) in enumerate(config_dirs(run_dir, args)):
+        os.makedirs(config_dir, exist_ok=True)
+        mine = pick(state, c)
+        saved = [save_model(config_dir, one, mine)] if args.save_model else []
+        if args.capture_gif:
+            saved.append(capture_gif(os.path.join(config_dir, "episode.gif"), one, mine))
+        for path in saved + draw(config_dir, one, mine):
+            print(f"saved {path}")
+    print(summary(args, metrics, timing))
+
 
 if __name__ == "__main__":
     main()

@@ -4,104 +4,44 @@ Q-learning (Watkins 1989; Watkins & Dayan 1992, https://doi.org/10.1007/BF009926
 optimal action values of a finite MDP from its own experience: after each step (s, a, r, s') it
 moves Q(s, a) toward r + gamma * max_a' Q(s', a') (no bootstrap from a terminal s'), acting
 epsilon-greedily with ties broken at random. `--num-agents N` independent agents, each with its own
-Q-table and its own environment, are stepped together by one vmapped step inside a `lax.scan`; the
-whole run is one `jax.jit`, and seeds run side by side as `pmap(vmap(train))`. The environments are
-tabular (a GridWorld written below, or gymnax's FrozenLake-misc), so the file also solves them
-exactly by value iteration and logs how close every agent is to the optimal Q*.
+Q-table and environment, are stepped by one vmapped step in a `lax.scan`, in one `jax.jit`. The
+environments are tabular (a GridWorld written below, or gymnax's FrozenLake-misc): the file also
+solves them by value iteration and logs how close every agent is to the optimal Q*.
 
-Run it:
-    python algos/q_learning.py --help
-    python algos/q_learning.py                          # 6x6 maze, 2 seeds x 30 agents x 200k steps
+    python algos/q_learning.py                          # 6x6 maze, 4 seeds x 30 agents x 200k steps
     python algos/q_learning.py --slip 0.2 --plot        # slippery moves; PNG heat map of max Q
     python algos/q_learning.py --env-id FrozenLake-misc --num-agents 1024
 
-Expect (defaults; 8 seeds took 5.5 s on 2 CPU cores, RESULTS.md): every agent's greedy policy is
-optimal in every reachable state (stats/greedy_optimal 1.0); stats/q_error, max |Q - Q*| over the
-pairs an agent visited (mean over agents), is about 1e-3 (rare actions lag; greedy values: 1e-5).
-With --slip 0.2 greedy_optimal is ~98% (action gaps of 0.001) and q_error ~1e-2; on
-FrozenLake-misc greedy_optimal is 99-100%, q_error about 0.07.
+Expect (defaults, RESULTS.md): every agent's greedy policy is optimal in every reachable state
+(stats/greedy_optimal 1.0); stats/q_error, max |Q - Q*| over the pairs an agent visited (mean over
+agents), is about 1e-3 (rare actions lag). --slip 0.2: greedy_optimal ~98% (action gaps of 0.001),
+q_error ~1e-2; FrozenLake-misc: 99-100%, q_error ~0.07. The algorithm is all above the line
+`# ===... runner`; below it, the runner (as in ppo.py). See --help.
 """
 
 # ============================================================================ imports
 import dataclasses
-import hashlib
-import itertools
-import json
 import os
-import signal
-import socket
-import sys
-import tempfile
-import time
 from functools import partial
 from typing import Callable, NamedTuple, Optional
 
-import flax.serialization
 import jax
-import jax.extend
 import jax.numpy as jnp
 import numpy as np
-import tyro
-from jax.experimental import multihost_utils
-from jax.experimental.compilation_cache import compilation_cache
 from scipy.sparse.csgraph import breadth_first_order
-from scipy.stats import trim_mean
-from tensorboard.compat.proto.event_pb2 import Event, SessionLog
-from tensorboard.compat.proto.summary_pb2 import Summary
-from tensorboard.plugins.text.summary_v2 import text_pb
-from tensorboard.summary.writer.record_writer import RecordWriter
 
-# Process-wide XLA settings, read when JAX starts its backend (its first operation): made on
-# import, unless XLA_FLAGS or jax.config chose. One CPU device per core lets pmap use every core.
-if ("xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", "")
-        and jax.config.jax_num_cpu_devices < 0):
-    jax.config.update("jax_num_cpu_devices", os.cpu_count() or 1)
-# A step loop touching under 100 kB per iteration (one agent's) becomes one native loop instead
-# of an op launch per op (XLA:CPU's default limit is 1 kB): ~3M steps/s instead of 0.33M.
+# A step loop touching under 100 kB per iteration (one agent's) becomes one native loop, not an
+# op launch per op (XLA:CPU's limit is 1 kB): ~3M steps/s, not 0.33M. Read when JAX starts.
 if "xla_backend_extra_options" not in os.environ.get("XLA_FLAGS", ""):
     os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_backend_extra_options="
                                "xla_cpu_small_while_loop_byte_threshold=100000").strip()
 
 
-# ============================================================================ 1. arguments
+# ============================================================================ 1. hyperparameters
 @dataclasses.dataclass
-class Args:
-    exp_name: str = os.path.basename(__file__)[: -len(".py")]
-    """name of this experiment (part of the run directory name)"""
+class Hyperparams:
     env_id: str = "GridWorld-v0"
     """`GridWorld-v0` (the grid configured below) or `FrozenLake-misc` (gymnax's slippery lake)"""
-    seed: int = 1
-    """base seed: seed k of the sweep uses the k-th split of PRNGKey(seed)"""
-    num_seeds: int = 2
-    """independent runs side by side: vmap per device, pmap over the devices (on CPU, cores)"""
-    track: bool = True
-    """write tensorboard event files under --log-dir"""
-    log_dir: str = "runs"
-    """root directory of the tensorboard runs"""
-    save_model: bool = False
-    """write the final Q-tables of every seed and agent to model.msgpack in the run directory"""
-    plot: bool = False
-    """save q_values.png in the run directory: max_a Q per cell (seed 0, agent 0) beside max_a Q*"""
-    compile_cache_dir: str = os.environ.get("JAX_COMPILATION_CACHE_DIR",
-                                            os.path.expanduser("~/.cache/jax"))
-    """persistent compilation cache, so a rerun skips most of the compile ("" turns it off)"""
-    resume: Optional[str] = None
-    """RUN_DIR of a stopped run: continue from its checkpoint to the result the uninterrupted run
-    gets (flags that would change the computation must be left out or match)"""
-    num_segments: Optional[int] = None
-    """the run is one compiled program called this many times; after each segment it logs,
-    checkpoints and may stop (default: 10, more for long runs: one per 2^31 agent-steps)"""
-    distributed: bool = False
-    """one of several processes (jax.distributed): the runs are split over all their devices
-    (implied by the next three flags)"""
-    coordinator_address: Optional[str] = None
-    """--distributed: HOST:PORT of process 0 (default: detected, e.g. under SLURM or Open MPI)"""
-    num_processes: Optional[int] = None
-    """--distributed: how many processes take part (default: detected)"""
-    process_id: Optional[int] = None
-    """--distributed: this process's index, 0 to num_processes - 1 (default: detected)"""
-
-    # GridWorld-v0 (FrozenLake-misc has its own map)
     grid_size: tuple[int, int] = (6, 6)
     """rows and columns of the GridWorld"""
     start: tuple[int, int] = (0, 0)
@@ -115,15 +55,12 @@ class Args:
     """probability that a move goes in a uniformly random direction instead of the chosen one"""
     max_episode_steps: int = 100
     """time limit of an episode (both envs); a truncated episode is bootstrapped through"""
-
-    # Q-learning
     num_agents: int = 30
     """independent agents per seed, each with its own Q-table and its own environment"""
     total_timesteps: int = 200_000
     """environment steps per agent"""
     num_steps: int = 1_000
     """steps per agent per update; an update is one row of metrics (tensorboard, progress)"""
-    # Flags marked "sweep" take several values: all combinations train in one program (HPARAMS).
     learning_rate: tuple[float, ...] = (0.1,)
     """sweep: step size of the Q-update (annealed linearly to 0 with --anneal-lr)"""
     anneal_lr: bool = True
@@ -138,8 +75,7 @@ class Args:
     """fraction of --total-timesteps over which epsilon falls linearly from --start-e to --end-e"""
 
 
-ENV_IDS = ("GridWorld-v0", "FrozenLake-misc")
-MAX_CELLS = 1024
+ENV_IDS, MAX_CELLS = ("GridWorld-v0", "FrozenLake-misc"), 1024
 # The float hyperparameters, which change no array shape nor loop length, and the rule of each:
 # several values sweep their grid, and train() takes them as traced values, not constants.
 UNIT, POSITIVE_UNIT = ("in [0, 1]", lambda x: 0 <= x <= 1), ("in (0, 1]", lambda x: 0 < x <= 1)
@@ -147,61 +83,37 @@ HPARAMS = dict(learning_rate=POSITIVE_UNIT, gamma=("in [0, 1)", lambda x: 0 <= x
                start_e=UNIT, end_e=UNIT)
 
 
-class ArgError(ValueError):
-    """A flag broke a rule: reported as one line with exit status 2, before anything compiles."""
+PRESETS = {}  # none: both envs take the defaults above
 
 
-def grid(args: Args) -> list:
-    """Every combination of the HPARAMS values (the first flag varies slowest)."""
-    return [dict(zip(HPARAMS, values))
-            for values in itertools.product(*(getattr(args, k) for k in HPARAMS))]
-
-
-def check_one_value_flags(argv):
-    """tyro would read `--num-agents 4 8` as an unknown option "8": name the flag instead."""
-    one_value = {"--" + f.name.replace("_", "-") for f in dataclasses.fields(Args)
-                 if "tuple" not in str(f.type) and f.type is not bool}
-    for i, flag in enumerate(argv):
-        values = list(itertools.takewhile(lambda v: not v.startswith("--"), argv[i + 1:]))
-        if flag in one_value and len(values) > 1:
-            raise ArgError(f"{flag} takes one value: it sets array shapes or loop lengths")
-
-
-def validate(args: Args) -> Args:
-    """Check every flag before anything is compiled."""
+def resolve(args):
+    """Check the flags of this file before anything is compiled (ValueError names a bad one)."""
     if args.env_id not in ENV_IDS:
-        raise ArgError(f"--env-id {args.env_id!r} is not one of {', '.join(ENV_IDS)}")
-    counts = ("num_seeds", "num_agents", "num_steps", "total_timesteps", "max_episode_steps",
-              "num_segments")
-    rules = {**dict.fromkeys(counts, (">= 1", lambda x: x is None or x >= 1)), **HPARAMS,
-             "slip": UNIT, "exploration_fraction": POSITIVE_UNIT}
-    for name, (rule, holds) in rules.items():
-        for x in np.atleast_1d(getattr(args, name)):
-            if not holds(x):
-                raise ArgError(f"--{name.replace('_', '-')} must be {rule} (got {x})")
+        raise ValueError(f"--env-id {args.env_id!r} is not one of {', '.join(ENV_IDS)}")
+    for name, (rule, holds) in {"slip": UNIT, "exploration_fraction": POSITIVE_UNIT}.items():
+        if not holds(value := getattr(args, name)):
+            raise ValueError(f"--{name.replace('_', '-')} must be {rule} (got {value})")
     if args.total_timesteps < args.num_steps:
-        raise ArgError(f"--total-timesteps {args.total_timesteps} is less than one update "
-                       f"(--num-steps {args.num_steps})")
-    args = dataclasses.replace(args, num_segments=args.num_segments or max(10, -(
-        -args.total_timesteps * args.num_agents * args.num_seeds * len(grid(args)) // 2**31)))
+        raise ValueError(f"--total-timesteps {args.total_timesteps} is less than one update "
+                         f"(--num-steps {args.num_steps})")
     if args.env_id == "FrozenLake-misc":
         return args
     rows, cols = args.grid_size
     if rows < 1 or cols < 1 or not 2 <= rows * cols <= MAX_CELLS:
-        raise ArgError(f"--grid-size {rows} {cols} must have 2 to {MAX_CELLS} cells (the exact "
-                       f"model P[s, a, s'] is a dense array)")
-    for flag, cell in [("--start", args.start), ("--goal", args.goal)] + [
+        raise ValueError(f"--grid-size {rows} {cols} must have 2 to {MAX_CELLS} cells (the exact "
+                         f"model P[s, a, s'] is a dense array)")
+    for name, cell in [("--start", args.start), ("--goal", args.goal)] + [
             ("--walls cell", wall) for wall in args.walls]:
         if not (0 <= cell[0] < rows and 0 <= cell[1] < cols):
-            raise ArgError(f"{flag} {cell[0]} {cell[1]} is outside the {rows}x{cols} grid")
-        if flag != "--walls cell" and tuple(cell) in map(tuple, args.walls):
-            raise ArgError(f"{flag} {cell[0]} {cell[1]} is a wall (see --walls)")
+            raise ValueError(f"{name} {cell[0]} {cell[1]} is outside the {rows}x{cols} grid")
+        if name != "--walls cell" and tuple(cell) in map(tuple, args.walls):
+            raise ValueError(f"{name} {cell[0]} {cell[1]} is a wall (see --walls)")
     if tuple(args.start) == tuple(args.goal):
-        raise ArgError("--goal must differ from --start")
+        raise ValueError("--goal must differ from --start")
     model = gridworld_env(args).model
     if not (model_reachable(model) & model.terminal).any():
-        raise ArgError(f"--goal {args.goal[0]} {args.goal[1]} cannot be reached from --start "
-                       f"{args.start[0]} {args.start[1]}: the walls cut every path")
+        raise ValueError(f"--goal {args.goal[0]} {args.goal[1]} cannot be reached from --start "
+                         f"{args.start[0]} {args.start[1]}: the walls cut every path")
     return args
 
 
@@ -253,7 +165,7 @@ class GridState(NamedTuple):
     time: jax.Array  # steps since the last reset
 
 
-def gridworld_env(args: Args) -> TabularEnv:
+def gridworld_env(args) -> TabularEnv:
     """The GridWorld of the flags, static: its layout is baked into the compiled program."""
     index = lambda cell: int(np.ravel_multi_index(cell, args.grid_size))
     start, goal, slip = index(args.start), index(args.goal), float(args.slip)
@@ -286,7 +198,7 @@ def gridworld_env(args: Args) -> TabularEnv:
 
 
 # ---------------------------------------------------------------- gymnax FrozenLake-misc
-def frozen_lake_env(args: Args) -> TabularEnv:
+def frozen_lake_env(args) -> TabularEnv:
     import gymnax  # here, not at the top: importing it takes seconds, and only this env needs it
 
     env, params = gymnax.make("FrozenLake-misc")
@@ -314,7 +226,7 @@ def frozen_lake_env(args: Args) -> TabularEnv:
     return TabularEnv(reset, step, model, (env.nrow, env.ncol))
 
 
-def make_env(args: Args) -> TabularEnv:
+def make_env(args) -> TabularEnv:
     return frozen_lake_env(args) if args.env_id == "FrozenLake-misc" else gridworld_env(args)
 
 
@@ -343,7 +255,6 @@ def value_iteration(P, R, terminal, gamma, tol=1e-7, max_iters=100_000):
 # ============================================================================ 3. Q-table and policy
 # This file's "network": a table q [num_states, num_actions] per agent, read by the epsilon-greedy
 # policy and written by the Q-learning update, pure functions of one agent that training vmaps.
-
 def epsilon_greedy(q_row, epsilon, u):
     """Action of one agent from its Q-values q_row [A] and one uniform u ~ U[0, 1): u < epsilon
     explores (a uniformly random action), else greedy with ties broken at random (argmax alone
@@ -398,12 +309,11 @@ def block_size(num_agents: int, bytes_per_agent: int) -> int:
     return size if 4 * size >= target else num_agents
 
 
-def make_train(args: Args):
+def make_train(args):
     """train(key, hp) -> (final RunnerState, metrics [num_updates]): one run, its HPARAMS values
-    hp as traced scalars, in one program; the command line runs it in pieces: train.init(key, hp),
-    then train.advance(hp, runner, length, valid) -> (runner, metrics [length]) repeatedly. One
-    agent runs ~9x slower unless this module was imported before JAX's first operation (see the
-    small-loop setting under the imports) or XLA_FLAGS sets it."""
+    hp traced, as one program. Its parts: train.init(key, hp) -> RunnerState and
+    train.update(hp, runner) -> (runner, metrics). One agent runs ~9x slower unless this module
+    was imported before JAX's first operation (the small-loop setting under the imports)."""
     env = make_env(args)
     model = env.model
     N = args.num_agents
@@ -413,7 +323,7 @@ def make_train(args: Args):
 
     # The per-agent functions of section 3, vmapped over the agents (schedules are shared).
     policy = jax.vmap(lambda q, s, eps, u: epsilon_greedy(q[s], eps, u), in_axes=(0, 0, None, 0))
-    update = jax.vmap(q_update, in_axes=(0, 0, 0, 0, 0, 0, None, None))
+    learn = jax.vmap(q_update, in_axes=(0, 0, 0, 0, 0, 0, None, None))
     mark_visited = jax.vmap(lambda visited, s, a: visited.at[s, a].set(True))
 
     def env_step(hp, carry, t):
@@ -428,7 +338,7 @@ def make_train(args: Args):
         action = policy(agents.q, agents.obs, epsilon, u)
         obs, env_state, reward, terminated, truncated, final_obs = env.step(
             k_env, agents.env_state, action)
-        q, td_error = update(agents.q, agents.obs, action, reward, terminated, final_obs, lr,
+        q, td_error = learn(agents.q, agents.obs, action, reward, terminated, final_obs, lr,
                              hp["gamma"])
         episode_return = agents.episode_return + reward
         episode_length = agents.episode_length + 1
@@ -450,7 +360,8 @@ def make_train(args: Args):
                                               t0 + jnp.arange(args.num_steps))
         return t0, (agents, totals)
 
-    def update_step(hp, runner: RunnerState):
+    def update(hp, runner: RunnerState):
+        """num_steps steps of every agent, block by block, then the update's metrics."""
         key, *block_keys = jax.random.split(runner.key, num_blocks + 1)
         blocks = jax.tree.map(lambda x: x.reshape(num_blocks, N // num_blocks, *x.shape[1:]),
                               runner.agents)
@@ -481,40 +392,194 @@ def make_train(args: Args):
         q_star = value_iteration(model.P, model.R, model.terminal, hp["gamma"])
         return RunnerState(agents, k_run, q_star, jnp.int32(0))
 
-    def advance(hp, runner: RunnerState, length: int, valid):
-        """`length` updates, of which only the first `valid` (traced) run: the last, shorter
-        segment of a run is then the same program as the others (a branch not taken costs
-        nothing; its metrics rows are dropped)."""
-        step = partial(update_step, hp)
-        skip = lambda runner: (runner, jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype),
-                                                    jax.eval_shape(step, runner)[1]))
-        return jax.lax.scan(lambda runner, i: jax.lax.cond(i < valid, step, skip, runner),
-                            runner, jnp.arange(length))
-
     def train(key, hp):
-        return advance(hp, init(key, hp), num_updates, num_updates)
+        return jax.lax.scan(lambda runner, _: update(hp, runner), init(key, hp), None,
+                            num_updates)
 
-    train.init, train.advance, train.num_updates = init, advance, num_updates
+    train.init, train.update, train.num_updates = init, update, num_updates
     return train
 
 
-# ============================================================================ 5. seed sweep
-# XLA:CPU hands the small reductions of the step (max over 4 actions of [agents, 4]) to YNNPACK;
-# for this loop XLA's own code is faster (1.2x at 8192 agents on 2 cores). GPUs ignore it.
+# ============================================================================ 5. hooks
+# The runner's hooks: XLA's options (its own code for the step's small reductions beats YNNPACK's
+# 1.2x), the metric ranking a sweep, the metrics shown, what --save-model writes, --plot.
 COMPILER_OPTIONS = {"xla_cpu_experimental_ynn_fusion_type": ""}
+SCORE = "stats/greedy_optimal"
+SHOWN = {"stats/greedy_optimal": "{:.1%}", "stats/q_error": "{:.2e}"}  # metric -> format
+model = lambda state: {"q": state.agents.q, "visited": state.agents.visited}  # [S, A] each
+
+
+@dataclasses.dataclass
+class Drawing:
+    plot: bool = False
+    """save q_values.png: max_a Q per cell (seed 0, agent 0) beside max_a Q*"""
+
+
+def draw(run_dir, args, state: RunnerState) -> list:
+    """--plot: heat maps of max_a Q per cell (seed 0, agent 0) beside max_a Q*, with arrows for the
+    greedy actions, S the start and T the terminal cells; walls and unreachable cells are blank."""
+    if not args.plot:  # (the import takes a second)
+        return []
+    from matplotlib.figure import Figure  # no pyplot: no GUI backend, no global figure to close
+    env = make_env(args)
+    model = env.model
+    shown = model_reachable(model)
+    moves = MOVES if args.env_id == "GridWorld-v0" else LAKE_MOVES
+    fig = Figure(figsize=(10, 4.5))
+    axes = fig.subplots(1, 2)
+    q, q_star = state.agents.q[0, 0], state.q_star[0]  # [S, A] each
+    for ax, table, title in [(axes[0], q, "learned max_a Q (seed 0, agent 0)"),
+                             (axes[1], q_star, "optimal max_a Q* (value iteration)")]:
+        values = np.where(shown, table.max(-1), np.nan).reshape(env.shape)
+        image = ax.imshow(values, cmap="viridis", vmin=0, vmax=max(q_star.max(), 1e-9))
+        for s in np.nonzero(shown & ~model.terminal)[0]:
+            r, c = divmod(int(s), env.shape[1])
+            dr, dc = moves[int(np.argmax(table[s]))]
+            ax.arrow(c - 0.25 * dc, r - 0.25 * dr, 0.3 * dc, 0.3 * dr, head_width=0.12,
+                     color="white", length_includes_head=True)
+        for s, label in [(model.start, "S")] + [(s, "T") for s in np.nonzero(model.terminal)[0]]:
+            r, c = divmod(int(s), env.shape[1])
+            ax.text(c + 0.3, r - 0.25, label, color="white", ha="center", va="center")
+        ax.set(title=title, xticks=[], yticks=[])
+    fig.colorbar(image, ax=axes, shrink=0.8)
+    fig.suptitle(f"{args.env_id}: greedy actions (arrows) and state values")
+    path = os.path.join(run_dir, "q_values.png")
+    fig.savefig(path, dpi=100)
+    return [path]
+
+
+# ============================================================================ runner
+# The same in ppo.py, vpg.py and q_learning.py, byte for byte (a test compares them): it trains
+# make_train's program as a sweep of configurations x seeds, and does all around it, with what
+# the file names above (the flags, HPARAMS, PRESETS, resolve, the hooks): no need to read it.
+import hashlib
+import itertools
+import json
+import signal
+import socket
+import sys
+import tempfile
+import time
+from typing import Annotated
+
+import flax.serialization
+import jax.extend
+import tyro
+from jax.experimental import multihost_utils
+from jax.experimental.compilation_cache import compilation_cache
+from tensorboard.compat.proto.event_pb2 import Event, SessionLog
+from tensorboard.compat.proto.summary_pb2 import Summary
+from tensorboard.plugins.text.summary_v2 import text_pb
+from tensorboard.summary.writer.record_writer import RecordWriter
+
+
+@dataclasses.dataclass
+class Args(Hyperparams, Drawing):
+    exp_name: str = os.path.basename(__file__)[: -len(".py")]
+    """name of this experiment (part of the run directory name)"""
+    seed: int = 1
+    """base seed: seed k of the sweep uses the k-th split of PRNGKey(seed)"""
+    num_seeds: int = 4
+    """independent runs side by side: vmap per device, pmap over the devices (on CPU, cores)"""
+    track: bool = True
+    """write tensorboard event files under --log-dir"""
+    log_dir: str = "runs"
+    """root of the run directories"""
+    save_model: bool = False
+    """write the final model of every run to model.msgpack in the run directory"""
+    capture_gif: bool = False
+    """after training, draw an episode of the first seed's greedy policy (gymnax's envs)"""
+    compile_cache_dir: str = os.environ.get("JAX_COMPILATION_CACHE_DIR",
+                                            os.path.expanduser("~/.cache/jax"))
+    """persistent compilation cache, so a rerun skips most of the compile ("" turns it off)"""
+    resume: Optional[str] = None
+    """RUN_DIR of a stopped run: continue it to what the uninterrupted run computes"""
+    num_segments: Optional[int] = None
+    """calls of the compiled program, each followed by progress, events and a checkpoint"""
+    distributed: bool = False
+    """one of several processes (jax.distributed), which split the runs (implied by the next 3)"""
+    coordinator_address: Optional[str] = None
+    """--distributed: HOST:PORT of process 0 (default: detected, e.g. under SLURM or Open MPI)"""
+    num_processes: Optional[int] = None
+    """--distributed: how many processes take part (default: detected)"""
+    process_id: Optional[int] = None
+    """--distributed: this process's index, 0 to num_processes - 1 (default: detected)"""
+
+
+class ArgError(ValueError):
+    """A flag broke a rule: reported as one line with exit status 2, before anything compiles."""
+
+
+flag = lambda name: "--" + name.replace("_", "-")
+
+
+def grid(args: Args) -> list:
+    """Every combination of the HPARAMS values (the first flag varies slowest)."""
+    return [dict(zip(HPARAMS, values))
+            for values in itertools.product(*(getattr(args, k) for k in HPARAMS))]
+
+
+def validate(args: Args) -> Args:
+    """Check every flag and resolve the unset ones (the file's `resolve`), before any compile."""
+    for field in dataclasses.fields(args):  # every count; a seed or a process index may be 0
+        value = getattr(args, field.name)
+        if type(value) is int and value < 1 and field.name not in ("seed", "process_id"):
+            raise ArgError(f"{flag(field.name)} must be >= 1 (got {value})")
+    for name, (rule, holds) in HPARAMS.items():
+        for x in getattr(args, name) or ():
+            if not holds(x):
+                raise ArgError(f"{flag(name)} must be {rule} (got {x})")
+    try:
+        args = resolve(args)
+    except ValueError as e:
+        raise ArgError(str(e)) from None
+    if args.capture_gif and (why := undrawable(args.env_id)):
+        raise ArgError(f"--capture-gif cannot draw {args.env_id} here: {why}")
+    runs = len(grid(args)) * args.num_seeds  # default: 10 segments, or one per 2^24 steps
+    return dataclasses.replace(args, num_segments=args.num_segments or max(
+        10, -(-args.total_timesteps * runs // 2**24)))
+
+
+def parse(argv) -> Args:
+    """The command line as Args. Its help shows, for each flag left to a preset or a rule, the
+    value it takes on the default env."""
+    one_value = {flag(f.name) for f in dataclasses.fields(Args)
+                 if "tuple" not in str(f.type) and f.type is not bool}
+    for i, name in enumerate(argv):  # tyro would blame the second value as an unknown option
+        if name in one_value and len(list(itertools.takewhile(
+                lambda v: not v.startswith("--"), argv[i + 1:]))) > 1:
+            raise ArgError(f"{name} takes one value: it sets array shapes or loop lengths")
+    default = resolve(Args())
+    for field in dataclasses.fields(Hyperparams):
+        value = getattr(default, field.name)
+        if field.default is None and value is not None:
+            source = "preset" if field.name in PRESETS.get(default.env_id, ()) else "rule"
+            value = value[0] if isinstance(value, tuple) and len(value) == 1 else value
+            hint = f"(default: {value} on {default.env_id}, by its {source})"
+            Hyperparams.__annotations__[field.name] = Annotated[
+                field.type, tyro.conf.arg(help_behavior_hint=hint)]
+    return tyro.cli(Args, args=argv, description=f"{__doc__.split(chr(10) * 2)[0]}\n\nThe "
+                    "algorithm's flags come first; the runner's from --exp-name on.")
+
+
+# ---------------------------------------------------------------------------- processes
+def use_every_core():
+    """One CPU device per core unless XLA_FLAGS or jax.config chose (XLA runs these programs on
+    about a core per device); the backend that imports started restarts, before any compile."""
+    if ("xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", "")
+            and jax.config.jax_num_cpu_devices < 0 and jax.default_backend() == "cpu"):
+        jax.extend.backend.clear_backends()
+        jax.config.update("jax_num_cpu_devices", os.cpu_count() or 1)
 
 
 CACHE_HITS = []  # of the persistent cache: counted around a compile, to say where it came from
 jax.monitoring.register_event_listener(lambda e, **_: e.endswith("hits") and CACHE_HITS.append(e))
-
-
 JOIN_TIMEOUT_S = 60  # --distributed: a process that has not joined the others by then fails
 
 
 def meet(args: Args):
-    """Before JAX joins the processes (it would abort one whose peers never come, with no word of
-    why), process 0 waits at the coordinator address until every other process has knocked, and
-    they knock until it answers. After JOIN_TIMEOUT_S, a one-line error."""
+    """Before JAX joins the processes (it aborts one whose peers never come), process 0 waits for
+    a knock of every other one, who knock until it answers; after JOIN_TIMEOUT_S, one line."""
     host, _, port = args.coordinator_address.rpartition(":")
     deadline, joined = time.time() + JOIN_TIMEOUT_S, 0
     try:
@@ -559,16 +624,14 @@ def start_processes(args: Args):
                        "processes")
 
 
+# ---------------------------------------------------------------------------- the sweep
 def segments(args: Args, num_devices: Optional[int] = None, start=None):
-    """Train each configuration of grid(args) on args.num_seeds seeds: pmap over the largest
-    number of local devices (at most num_devices) that divides this process's runs x vmap on
-    each device, in args.num_segments calls of one compiled program (the runner state stays on
-    the devices). With --distributed each process trains its contiguous share of the runs.
-
-    Seed k gets the k-th split of PRNGKey(args.seed) in every configuration, whatever the layout.
-    Yields (state, metrics, timing) after each segment, state and metrics as numpy [runs, ...]
-    leaves (every process's runs, configuration-major; metrics [runs, updates so far]).
-    start: the (state, metrics) of a checkpoint, whose run this continues."""
+    """Train each configuration of grid(args) on args.num_seeds seeds (seed k: the k-th split of
+    PRNGKey(args.seed), whatever the layout): pmap over the most local devices (at most
+    num_devices) that divide this process's runs x vmap, in args.num_segments calls of one
+    program. With --distributed each process trains its contiguous share of the runs. Yields
+    (state, metrics, timing) after each segment: numpy [runs, ...] leaves of every process's
+    runs, configuration-major (metrics [runs, updates so far]). start: a checkpoint's."""
     configs, seeds = grid(args), args.num_seeds
     runs = len(configs) * seeds
     share = runs // jax.process_count()  # this process's runs (all of them without --distributed)
@@ -578,15 +641,39 @@ def segments(args: Args, num_devices: Optional[int] = None, start=None):
     keys = jnp.tile(jax.random.split(jax.random.PRNGKey(args.seed), seeds), (len(configs), 1))
     hp = {k: jnp.repeat(jnp.array([c[k] for c in configs], jnp.float32), seeds) for k in HPARAMS}
     layout = lambda x: x[mine].reshape(len(devices), share // len(devices), *x.shape[1:])
-    # Every process's share, in process order, as numpy arrays (process 0 alone writes them).
-    gather = lambda tree: multihost_utils.process_allgather(
-        jax.tree.map(lambda x: x.reshape(share, *x.shape[2:]), tree), tiled=True)
     keys, hp = jax.tree.map(layout, (keys, hp))
     train = make_train(args)
     length = -(-train.num_updates // args.num_segments)  # the last segment may run fewer
+
+    def advance(hp, runner, valid):
+        """`length` updates, of which only the first `valid` (traced) run: the last, shorter
+        segment is the same program (a branch not taken costs nothing; its rows are dropped)."""
+        update = partial(train.update, hp)
+        skip = lambda runner: (runner, jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype),
+                                                    jax.eval_shape(update, runner)[1]))
+        return jax.lax.scan(lambda runner, i: jax.lax.cond(i < valid, update, skip, runner),
+                            runner, jnp.arange(length))
+
+    def gather(tree):
+        """numpy [runs, ...] leaves of every process's share, in process order: with several
+        processes, one transfer per dtype (a leaf each would compile a program each)."""
+        leaves, treedef = jax.tree.flatten(jax.device_get(tree))
+        rows = [x.reshape(share, -1) for x in leaves]
+        if jax.process_count() > 1:
+            kinds = sorted({x.dtype.str for x in rows})
+            blocks = dict(zip(kinds, multihost_utils.process_allgather(
+                [np.concatenate([x for x in rows if x.dtype.str == k], 1) for k in kinds],
+                tiled=True)))
+            at = dict.fromkeys(kinds, 0)
+            for i, x in enumerate(rows):
+                k = x.dtype.str
+                rows[i], at[k] = blocks[k][:, at[k]:at[k] + x.shape[1]], at[k] + x.shape[1]
+        return jax.tree.unflatten(treedef, [r.reshape(runs, *x.shape[2:])
+                                            for r, x in zip(rows, leaves)])
+
     init = jax.pmap(jax.vmap(train.init), devices=devices)
-    advance = jax.pmap(jax.vmap(lambda hp, runner, valid: train.advance(hp, runner, length, valid),
-                                in_axes=(0, 0, None)), devices=devices, donate_argnums=1)
+    advance = jax.pmap(jax.vmap(advance, in_axes=(0, 0, None)), devices=devices,
+                       donate_argnums=1)
     t0, hits = time.perf_counter(), len(CACHE_HITS)  # a hit from here on is training's
     if start is None:
         runner, metrics = init.lower(keys, hp).compile(COMPILER_OPTIONS)(keys, hp), None
@@ -599,6 +686,7 @@ def segments(args: Args, num_devices: Optional[int] = None, start=None):
     advance = advance.lower(hp, runner, per_device(length)).compile(COMPILER_OPTIONS)
     compile_s, cached = time.perf_counter() - t0, len(CACHE_HITS) > hits
     done, t_start = 0 if metrics is None else metrics["env_steps"].shape[1], time.perf_counter()
+    steps_before = 0 if metrics is None or not done else metrics["env_steps"][0, done - 1]
     valid = lambda first: min(length, train.num_updates - first)
     out = advance(hp, runner, per_device(valid(done)))
     for first in range(done, train.num_updates, length):
@@ -610,31 +698,75 @@ def segments(args: Args, num_devices: Optional[int] = None, start=None):
             lambda a, b: np.concatenate([a, b], axis=1), metrics, new)
         run_s = time.perf_counter() - t_start
         yield state, metrics, {
-            "compile_s": compile_s, "run_s": run_s, "cached": cached,
-            "devices": len(devices) * jax.process_count(),
-            "sps": runs * (first + valid(first) - done) * args.num_steps * args.num_agents / run_s}
+            "compile_s": compile_s, "run_s": run_s, "cached": cached, "first": first,
+            "num_updates": train.num_updates, "devices": len(devices) * jax.process_count(),
+            "sps": runs * float(metrics["env_steps"][0, -1] - steps_before) / run_s}
 
 
 def run(args: Args, num_devices: Optional[int] = None):
-    """The whole sweep of segments(): (final runner state, metrics, timing), every leaf with a
-    leading [num_seeds] axis, or [num_configs, num_seeds] for a sweep of several configurations."""
+    """(state, metrics, timing) of the whole sweep, leaves [num_seeds] or [configs, seeds]."""
     *_, (state, metrics, timing) = segments(args, num_devices)
     lead = (len(grid(args)), args.num_seeds) if len(grid(args)) > 1 else (args.num_seeds,)
     return *jax.tree.map(lambda x: x.reshape(*lead, *x.shape[1:]), (state, metrics)), timing
 
 
-# ============================================================================ 6. logging and output
+# ---------------------------------------------------------------------------- output
+def final_returns(metrics, fraction=0.05):
+    """Per run: mean episode_return over the last `fraction` of updates (NaNs ignored)."""
+    returns = np.asarray(metrics["episode_return"])
+    return np.nanmean(returns[..., -max(1, round(returns.shape[-1] * fraction)):], axis=-1)
+
+
 def progress(args: Args, metrics, timing) -> str:
-    """The line printed after each segment: the last update of every run, averaged."""
-    last = {k: v[:, -1] for k, v in metrics.items()}
-    returns = last["episode_return"][np.isfinite(last["episode_return"])]
-    line = f"return {np.mean(returns):6.3f}" if len(returns) else "no episode finished yet"
-    runs = "seeds" if len(metrics["env_steps"]) == args.num_seeds else "runs"
-    return (f"[{args.exp_name}] steps {metrics['env_steps'][0, -1]:>12,.0f} / "
-            f"{args.total_timesteps * args.num_agents:,}  {line}  greedy optimal "
-            f"{np.mean(last['stats/greedy_optimal']):6.1%}  q_error "
-            f"{np.mean(last['stats/q_error']):.2e} (mean of {len(metrics['env_steps'])} {runs})"
-            f"  SPS {timing['sps']:,.0f}")
+    """After each segment: steps, the mean return of the segment's episodes over every run,
+    the SHOWN metrics, speed."""
+    returns = metrics["episode_return"][:, timing["first"]:]
+    finished = np.isfinite(returns).any(1)
+    steps = metrics["env_steps"][0]
+    line = " ".join(
+        [f"return {np.mean([np.nanmean(r) for r in returns[finished]]):8.4g} (episodes of "
+         f"{finished.sum()} of {len(returns)} runs)" if finished.any()
+         else "no episode finished yet"]
+        + [f"{k} {form.format(np.mean(metrics[k][:, -1]))}" for k, form in SHOWN.items()])
+    return (f"[{args.exp_name}] steps {steps[-1]:>12,.0f} / "
+            f"{steps[-1] / len(steps) * timing['num_updates']:,.0f}  {line}  "
+            f"SPS {timing['sps']:,.0f}")
+
+
+def summary(args: Args, metrics, timing) -> str:
+    """metrics: [runs, updates] leaves. One configuration: its seeds' final results; a sweep: a
+    row per configuration, the best (by SCORE) first."""
+    configs = grid(args)
+    by_config = lambda x: np.asarray(x).reshape(len(configs), args.num_seeds)
+    finals = {"episode_return": by_config(final_returns(metrics)),
+              **{k: by_config(metrics[k][:, -1]) for k in SHOWN}}
+    sweep = f"{len(configs)} configurations x " if len(configs) > 1 else ""
+    lines = [f"{args.exp_name} on {args.env_id}: {sweep}{args.num_seeds} seeds x "
+             f"{metrics['env_steps'][0, -1]:,.0f} steps"]
+    timing_line = (f"{timing['devices']} device(s)  compile {timing['compile_s']:.1f} s"
+                   f"{' (cache)' if timing['cached'] else ''}  run {timing['run_s']:.1f} s  |  "
+                   f"{timing['sps']:,.0f} steps/s")
+    returns = finals["episode_return"]
+    if len(configs) == 1:
+        return "\n".join(
+            [*lines, "final return per seed (last 5% of updates): "
+             + " ".join(f"{r:.4g}" for r in returns[0])]
+            + [f"{k} per seed (last update): " + " ".join(form.format(x) for x in finals[k][0])
+               for k, form in SHOWN.items()]
+            + [f"mean {np.mean(returns):.4g}  min {np.min(returns):.4g}  |  {timing_line}"])
+    varied = [k for k in HPARAMS if len(getattr(args, k)) > 1]
+    lines.append(" | ".join(varied + ["final return mean [95% CI over seeds]", "IQM", "worst",
+                                      *SHOWN]))
+    for c in np.argsort(-finals[SCORE].mean(1), kind="stable"):
+        x = returns[c]  # this configuration's seeds: bootstrap their mean; IQM: the middle half
+        resamples = np.random.default_rng(c).integers(0, len(x), (2000, len(x)))
+        ci = np.percentile(x[resamples].mean(1), [2.5, 97.5])
+        iqm = np.sort(x)[len(x) // 4:len(x) - len(x) // 4].mean()
+        lines.append(" | ".join(
+            [f"{configs[c][k]:g}" for k in varied]
+            + [f"{x.mean():.4g} [{ci[0]:.4g}, {ci[1]:.4g}]", f"{iqm:.4g}", f"{x.min():.4g}"]
+            + [form.format(finals[k][c].mean()) for k, form in SHOWN.items()]))
+    return "\n".join(lines + [timing_line])
 
 
 def config_dirs(run_dir, args: Args) -> list:
@@ -693,19 +825,19 @@ def write_atomic(path, data: bytes):
     os.replace(f.name, path)
 
 
-def write_checkpoint(run_dir, args: Args, state: RunnerState, metrics):
-    """run_dir/checkpoint.msgpack: the arguments, every run's RunnerState and the metrics so far,
-    behind their SHA-256. flax.serialization, as for models: orbax's asynchronous, sharded
-    machinery buys nothing for a file of a few MB written between segments."""
+def write_checkpoint(run_dir, args: Args, state, metrics, num_updates):
+    """run_dir/checkpoint.msgpack: the arguments, every run's state and metrics, behind their
+    SHA-256 (flax.serialization: orbax's sharded, asynchronous machinery buys nothing here)."""
     data = flax.serialization.msgpack_serialize({
         "args": json.dumps(dataclasses.asdict(args)), "metrics": metrics,
-        "state": flax.serialization.to_state_dict(state)})
+        "num_updates": num_updates, "state": flax.serialization.to_state_dict(state)})
     write_atomic(os.path.join(run_dir, "checkpoint.msgpack"), hashlib.sha256(data).digest() + data)
 
 
 # Flags a resumed run may change: they do not change what it computes.
-RESUME_MAY_CHANGE = ("track", "log_dir", "exp_name", "save_model", "plot", "compile_cache_dir",
-                     "resume", "distributed", "coordinator_address", "num_processes", "process_id")
+RESUME_MAY_CHANGE = ("track", "log_dir", "exp_name", "save_model", "capture_gif",
+                     "compile_cache_dir", "resume", "distributed", "coordinator_address",
+                     "num_processes", "process_id", *(f.name for f in dataclasses.fields(Drawing)))
 
 
 def read_checkpoint(args: Args, argv) -> tuple:
@@ -717,115 +849,80 @@ def read_checkpoint(args: Args, argv) -> tuple:
         if hashlib.sha256(data).digest() != digest:
             raise ValueError("its checksum does not match: the file is damaged")
         checkpoint = flax.serialization.msgpack_restore(data)
-    except (OSError, ValueError) as e:
-        raise ArgError(f"--resume {args.resume}: no usable checkpoint ({e})") from None
-    saved, typed = json.loads(checkpoint["args"]), {a.split("=")[0] for a in argv}
+        saved, done = json.loads(checkpoint["args"]), checkpoint["metrics"]["env_steps"].shape[1]
+        finished = done >= checkpoint["num_updates"]
+    except (OSError, ValueError, KeyError) as e:
+        raise ArgError(f"--resume {args.resume}: no usable checkpoint ({e!r})") from None
+    typed = {a.split("=")[0] for a in argv}
     for k, v in saved.items():
-        if (k not in RESUME_MAY_CHANGE and "--" + k.replace("_", "-") in typed
+        if (k not in RESUME_MAY_CHANGE and flag(k) in typed
                 and json.loads(json.dumps(getattr(args, k))) != v):
-            raise ArgError(f"--{k.replace('_', '-')} differs from the checkpoint's {v}: --resume "
-                           "continues the run as it was started")
-    steps = checkpoint["metrics"]["env_steps"]
-    if steps[0, -1] / saved["num_agents"] + saved["num_steps"] > saved["total_timesteps"]:
-        raise ArgError(f"--resume {args.resume}: that run is finished (no whole update left)")
-    return dataclasses.replace(args, **{
-        k: tuple(map(tuple, v)) if k == "walls" else tuple(v) if isinstance(v, list) else v
-        for k, v in saved.items() if k not in RESUME_MAY_CHANGE}), checkpoint
+            raise ArgError(f"{flag(k)} differs from the checkpoint's {v}: --resume continues the "
+                           "run as it was started")
+    if finished:
+        raise ArgError(f"--resume {args.resume}: that run is finished (no update left)")
+    as_tuples = lambda v: tuple(map(as_tuples, v)) if isinstance(v, list) else v
+    return dataclasses.replace(args, **{k: as_tuples(v) for k, v in saved.items()
+                                        if k not in RESUME_MAY_CHANGE}), checkpoint
 
 
-def save_model(model_dir, args: Args, state: RunnerState):
-    """Atomically write every seed's and agent's Q-table and visited pairs to model.msgpack."""
-    payload = {"args": json.dumps(dataclasses.asdict(args)),
-               "q": state.agents.q,  # [num_seeds, num_agents, num_states, num_actions]
-               "visited": state.agents.visited}
-    os.makedirs(model_dir, exist_ok=True)
-    write_atomic(os.path.join(model_dir, "model.msgpack"),
-                 flax.serialization.msgpack_serialize(payload))
-    return os.path.join(model_dir, "model.msgpack")
+def undrawable(env_id) -> Optional[str]:
+    """Why gymnax cannot draw env_id here (an env it does not know; no pygame), or None."""
+    import gymnax
+    from gymnax.visualize import Visualizer
+    try:
+        env, env_params = gymnax.make(env_id)
+        gif = Visualizer(env, env_params, [env.reset(jax.random.PRNGKey(0), env_params)[1]])
+        gif.init()
+    except Exception as e:
+        return str(e).splitlines()[0]
+    return None if hasattr(gif, "im") else "gymnax has no drawing of it"
 
 
-def plot_q_values(run_dir, args: Args, state: RunnerState):
-    """Heat maps of max_a Q per cell (seed 0, agent 0) beside max_a Q*, with arrows for the greedy
-    actions, S the start and T the terminal cells; walls and unreachable cells are blank."""
-    from matplotlib.figure import Figure  # no pyplot: no GUI backend, no global figure to close
+def capture_gif(path, args: Args, state):
+    """An episode of the first run's greedy policy (`act`), drawn by gymnax's Visualizer."""
+    import gymnax
+    from gymnax.visualize import Visualizer
+    env, env_params = gymnax.make(args.env_id)
+    act, first = make_train(args).act, jax.tree.map(lambda x: x[0], state)
 
-    env = make_env(args)
-    model = env.model
-    shown = model_reachable(model)
-    moves = MOVES if args.env_id == "GridWorld-v0" else LAKE_MOVES
-    fig = Figure(figsize=(10, 4.5))
-    axes = fig.subplots(1, 2)
-    q, q_star = state.agents.q[0, 0], state.q_star[0]  # [S, A] each
-    for ax, table, title in [(axes[0], q, "learned max_a Q (seed 0, agent 0)"),
-                             (axes[1], q_star, "optimal max_a Q* (value iteration)")]:
-        values = np.where(shown, table.max(-1), np.nan).reshape(env.shape)
-        image = ax.imshow(values, cmap="viridis", vmin=0, vmax=max(q_star.max(), 1e-9))
-        for s in np.nonzero(shown & ~model.terminal)[0]:
-            r, c = divmod(int(s), env.shape[1])
-            dr, dc = moves[int(np.argmax(table[s]))]
-            ax.arrow(c - 0.25 * dc, r - 0.25 * dr, 0.3 * dc, 0.3 * dr, head_width=0.12,
-                     color="white", length_includes_head=True)
-        for s, label in [(model.start, "S")] + [(s, "T") for s in np.nonzero(model.terminal)[0]]:
-            r, c = divmod(int(s), env.shape[1])
-            ax.text(c + 0.3, r - 0.25, label, color="white", ha="center", va="center")
-        ax.set(title=title, xticks=[], yticks=[])
-    fig.colorbar(image, ax=axes, shrink=0.8)
-    fig.suptitle(f"{args.env_id}: greedy actions (arrows) and state values")
-    os.makedirs(run_dir, exist_ok=True)
-    path = os.path.join(run_dir, "q_values.png")
-    fig.savefig(path, dpi=100)
+    def step(carry, key):
+        obs, env_state, done = carry
+        obs, next_state, reward, terminated, truncated, _ = env.step(
+            key, env_state, act(first, obs[None])[0], env_params)
+        return (obs, next_state, done | terminated | truncated), (env_state, reward, done)
+
+    keys = jax.random.split(jax.random.PRNGKey(args.seed), env_params.max_steps_in_episode + 1)
+    _, (states, rewards, done) = jax.lax.scan(step, (*env.reset(keys[0], env_params), False),
+                                              keys[1:])
+    frames = int(np.argmax(done)) if done.any() else len(done)  # steps of the first episode
+    Visualizer(env, env_params, [jax.tree.map(lambda x: x[t], states) for t in range(frames)],
+               np.cumsum(rewards[:frames])).animate(path)
     return path
 
 
-def summary(args: Args, metrics, timing) -> str:
-    """metrics: leaves [num_configs, num_seeds, num_updates]; a sweep prints one row per
-    configuration, best final greedy_optimal first."""
-    configs = grid(args)
-    returns = metrics["episode_return"]  # final: the mean over the last 5% of updates
-    finals = np.nanmean(returns[..., -max(1, round(returns.shape[-1] * 0.05)):], axis=-1)
-    optimal, errors = metrics["stats/greedy_optimal"][..., -1], metrics["stats/q_error"][..., -1]
-    sweep = f"{len(configs)} configurations x " if len(configs) > 1 else ""
-    lines = [f"{args.exp_name} on {args.env_id}: {sweep}{args.num_seeds} seeds x "
-             f"{args.num_agents} agents x {args.total_timesteps:,} steps ({args.num_steps} steps "
-             "per update)"]
-    timing_line = (f"{timing['devices']} device(s)  compile {timing['compile_s']:.1f} s"
-                   f"{' (cache)' if timing['cached'] else ''}  run {timing['run_s']:.1f} s  |  "
-                   f"{timing['sps']:,.0f} agent-steps/s")
-    if len(configs) == 1:
-        per_seed = [("final return per seed (last 5% of updates): ", finals, "{:.3f}"),
-                    ("greedy optimal per seed (mean over agents): ", optimal, "{:.1%}"),
-                    ("q_error per seed (mean over agents):        ", errors, "{:.2e}")]
-        lines += [label + " ".join(map(form.format, x[0])) for label, x, form in per_seed]
-        return "\n".join(lines + [f"mean return {np.mean(finals):.3f}  |  {timing_line}"])
-    varied = [k for k in HPARAMS if len(getattr(args, k)) > 1]
-    rng = np.random.default_rng(0)
-    lines.append(" | ".join(varied + ["final return mean [95% CI over seeds]", "IQM", "worst",
-                                      "greedy optimal", "q_error"]))
-    for c in np.lexsort((-finals.mean(1), -optimal.mean(1))):
-        x = finals[c]  # this configuration's seeds: bootstrap their mean
-        ci = np.percentile(x[rng.integers(0, len(x), (2000, len(x)))].mean(1), [2.5, 97.5])
-        lines.append(" | ".join([f"{configs[c][k]:g}" for k in varied] + [
-            f"{x.mean():.3f} [{ci[0]:.3f}, {ci[1]:.3f}]", f"{trim_mean(x, 0.25):.3f}",
-            f"{x.min():.3f}", f"{optimal[c].mean():.1%}", f"{errors[c].mean():.2e}"]))
-    return "\n".join(lines + [timing_line])
+def save_model(model_dir, args: Args, state):
+    """Atomically write the file's `model` of every seed, and the arguments, to model.msgpack."""
+    write_atomic(os.path.join(model_dir, "model.msgpack"), flax.serialization.msgpack_serialize(
+        {"args": json.dumps(dataclasses.asdict(args)), **model(state)}))
+    return os.path.join(model_dir, "model.msgpack")
 
 
-# ============================================================================ 7. main
+# ---------------------------------------------------------------------------- main
 STOP = []  # Ctrl-C was pressed: the run stops at the end of the current segment
 
 
 def stop_after_segment(signum, frame):
-    """The first Ctrl-C lets the segment finish and write its checkpoint; the second, with the
-    default handler back, stops at once."""
+    """The first Ctrl-C lets the segment finish and checkpoint; the second stops at once."""
     signal.signal(signal.SIGINT, signal.SIG_DFL)
     STOP.append(signum)
     print("\nstopping at the end of this segment (Ctrl-C again: at once)", file=sys.stderr)
 
 
 def main():
+    use_every_core()
     try:
-        check_one_value_flags(sys.argv[1:])  # before tyro, which would blame the value
-        args = validate(tyro.cli(Args, description=__doc__.split("\n\n")[0]))
+        args = validate(parse(sys.argv[1:]))
         args, checkpoint = read_checkpoint(args, sys.argv[1:]) if args.resume else (args, None)
         start_processes(args)
         run_dir = args.resume or os.path.join(
@@ -836,7 +933,9 @@ def main():
     except (ArgError, OSError) as e:
         print(f"error: {e if isinstance(e, ArgError) else f'--log-dir: {e}'}", file=sys.stderr)
         sys.exit(2)
-    compilation_cache.set_cache_dir(args.compile_cache_dir or None)  # read at the first compile
+    # The cache is set up at the first compile (importing gymnax runs some): set it up again.
+    compilation_cache.set_cache_dir(args.compile_cache_dir or None)
+    compilation_cache.reset_cache()
     signal.signal(signal.SIGINT, stop_after_segment)
     start = checkpoint and (checkpoint["state"], checkpoint["metrics"])
     board = writer and args.track and Tensorboard(
@@ -845,7 +944,7 @@ def main():
         if board:
             board.write(metrics, timing["sps"])
         if writer:
-            write_checkpoint(run_dir, args, state, metrics)
+            write_checkpoint(run_dir, args, state, metrics, timing["num_updates"])
             print(progress(args, metrics, timing), flush=True)
         # Every process stops after the same segment: the others would wait for it forever.
         if multihost_utils.process_allgather(np.int32(len(STOP))).any():
@@ -857,12 +956,14 @@ def main():
         return
     pick = lambda tree, c: jax.tree.map(lambda x: x[c * args.num_seeds:][:args.num_seeds], tree)
     for c, (one, config_dir) in enumerate(config_dirs(run_dir, args)):
-        if args.save_model:
-            print(f"saved {save_model(config_dir, one, pick(state, c))}")
-        if args.plot:
-            print(f"saved {plot_q_values(config_dir, one, pick(state, c))}")
-    lead = (len(grid(args)), args.num_seeds)
-    print(summary(args, jax.tree.map(lambda x: x.reshape(*lead, *x.shape[1:]), metrics), timing))
+        os.makedirs(config_dir, exist_ok=True)
+        mine = pick(state, c)
+        saved = [save_model(config_dir, one, mine)] if args.save_model else []
+        if args.capture_gif:
+            saved.append(capture_gif(os.path.join(config_dir, "episode.gif"), one, mine))
+        for path in saved + draw(config_dir, one, mine):
+            print(f"saved {path}")
+    print(summary(args, metrics, timing))
 
 
 if __name__ == "__main__":

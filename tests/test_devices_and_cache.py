@@ -1,6 +1,6 @@
-"""What every training script does with the machine, checked on each: one CPU device per core
-unless the user chose a count, the largest device count that divides the seeds, and the
-persistent compilation cache (a rerun of the same command compiles from it)."""
+"""What the runner (one code in ppo.py, vpg.py and q_learning.py: test_layout.py) does with the
+machine: one CPU device per core unless the user chose a count, the largest device count that
+divides the seeds, and the persistent compilation cache (a rerun compiles from it)."""
 import os
 import re
 import warnings
@@ -13,8 +13,6 @@ import q_learning as ql
 import vpg
 from conftest import run_script
 
-# vpg.py sets up devices and the cache with the very lines of ppo.py (`diff` shows it): the
-# subprocess checks run on ppo.py and q_learning.py, whose set-up differs.
 TINY = {  # script -> flags of a run that compiles and trains in a few seconds
     "ppo.py": ["--num-envs", 4, "--num-steps", 16, "--num-minibatches", 2,
                "--total-timesteps", 4 * 16 * 2],
@@ -24,7 +22,7 @@ TINY = {  # script -> flags of a run that compiles and trains in a few seconds
 }
 
 
-@pytest.mark.parametrize("script", ["ppo.py", "q_learning.py"])
+@pytest.mark.parametrize("script", ["q_learning.py"])  # the runner of all three (test_layout.py)
 def test_one_device_per_core_and_cache_on_rerun(script, tmp_path):
     """Without XLA_FLAGS, a sweep of os.cpu_count() seeds runs on that many devices; the second
     run of the same command compiles from the cache directory the first one filled. (JAX skips
@@ -43,7 +41,7 @@ def test_one_device_per_core_and_cache_on_rerun(script, tmp_path):
     assert re.search(r"compile [\d.]+ s \(cache\)", second.stdout), second.stdout
 
 
-@pytest.mark.parametrize("module", [ppo, ql], ids=lambda m: m.__name__)
+@pytest.mark.parametrize("module", [ql], ids=lambda m: m.__name__)
 def test_seeds_not_divisible_by_devices_use_fewer(module):
     """3 seeds on 2 devices run on 1 device (the largest count dividing 3) instead of failing."""
     flags = dict(zip(*[iter(TINY[os.path.basename(module.__file__)])] * 2))
@@ -62,5 +60,6 @@ def test_progress_before_any_episode_ends(module):
                "stats/greedy_optimal": np.zeros((2, 3)), "stats/q_error": np.ones((2, 3))}
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # no "Mean of empty slice"
-        line = module.progress(module.Args(num_seeds=2, total_timesteps=10), metrics, {"sps": 1.0})
+        line = module.progress(module.Args(num_seeds=2, total_timesteps=10), metrics,
+                               {"sps": 1.0, "first": 1, "num_updates": 4})
     assert "no episode finished yet" in line and "nan" not in line

@@ -794,14 +794,15 @@ def save_ppo_model(folder, env_id, **flags):
 
     args = ppo.validate(ppo.Args(env_id=env_id, num_seeds=2, hidden_size=16, normalize_obs=True,
                                  **flags))
-    train = ppo.make_train(args)
-    env, env_params = ppo.gymnax.make(env_id)
-    obs = train.as_inputs(jnp.zeros(env.observation_space(env_params).shape))
-    shapes = jax.eval_shape(train.network.init, jax.random.PRNGKey(0), obs)
+    hp = {k: jnp.float32(v) for k, v in ppo.grid(args)[0].items()}
+    shapes = jax.eval_shape(ppo.make_train(args).init, jax.random.PRNGKey(0), hp)
     rng = np.random.default_rng(9)
-    params = jax.tree.map(lambda x: rng.normal(0.0, 0.3, (2, *x.shape)).astype(np.float32), shapes)
-    stats = types.SimpleNamespace(mean=rng.normal(size=(2, *obs.shape[1:])),
-                                  var=rng.uniform(0.5, 2.0, (2, *obs.shape[1:])))
+    params = jax.tree.map(lambda x: rng.normal(0.0, 0.3, (2, *x.shape)).astype(np.float32),
+                          shapes.params)
+    obs_shape = shapes.obs_stats.mean.shape
+    stats = types.SimpleNamespace(mean=rng.normal(size=(2, *obs_shape)),
+                                  var=rng.uniform(0.5, 2.0, (2, *obs_shape)))
+    folder.mkdir(parents=True, exist_ok=True)
     return ppo.save_model(str(folder), args, types.SimpleNamespace(params=params, obs_stats=stats))
 
 
@@ -839,6 +840,7 @@ def test_target_model_of_image_observations(tmp_path):
     params = flax.serialization.msgpack_restore(open(saved, "rb").read())["params"]
     obs = np.clip((episodes.obs.reshape(4, 6, -1) - model.obs_mean)
                   / np.sqrt(model.obs_var + 1e-8), -10, 10)
-    dist = ppo.make_train(args).network.apply(jax.tree.map(lambda x: x[1], params), obs,
-                                              method=ppo.ActorCritic.policy)
+    network = ppo.ActorCritic(action_dim=3, continuous=False, hidden_size=args.hidden_size,
+                              activation=args.activation)  # Breakout-MinAtar's 3 actions
+    dist = network.apply(jax.tree.map(lambda x: x[1], params), obs, method="policy")
     np.testing.assert_allclose(log_pi, dist.log_prob(episodes.actions), rtol=1e-5, atol=1e-5)

@@ -330,7 +330,8 @@ def test_cli_sweep_writes_events_and_models(tmp_path):
     proc = run_script("ppo.py", *TINY_FLAGS, "--ent-coef", 0, 0.01, "--save-model",
                       "--log-dir", tmp_path / "runs")
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "2 configurations x 2 seeds" in proc.stdout and "(mean of" in proc.stdout
+    assert "2 configurations x 2 seeds" in proc.stdout
+    assert "(episodes of 4 of 4 runs)" in proc.stdout
     assert proc.stdout.count("[ppo] steps") == 10
     (run_dir,) = (tmp_path / "runs").iterdir()
     assert run_dir.name.startswith("CartPole-v1__ppo__1__")

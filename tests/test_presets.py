@@ -96,9 +96,10 @@ def test_minatar_return_rises_above_the_random_policy():
 
 
 def test_capture_gif_draws_an_episode(tmp_path, capsys):
-    flags = ["--env-id", "Breakout-MinAtar", "--num-envs", 8, "--num-steps", 16,
-             "--num-minibatches", 2, "--total-timesteps", 8 * 16 * 2, "--num-seeds", 2,
-             "--no-track", "--capture-gif", "--log-dir", tmp_path]
+    # test_ppo's Breakout-MinAtar run (its compiled program comes from the session's cache)
+    flags = ["--env-id", "Breakout-MinAtar", "--num-seeds", 2, "--num-envs", 8, "--num-steps", 32,
+             "--num-minibatches", 2, "--update-epochs", 1, "--hidden-size", 16,
+             "--total-timesteps", 8 * 32 * 4, "--no-track", "--capture-gif", "--log-dir", tmp_path]
     with mock.patch.object(sys, "argv", ["ppo.py", *map(str, flags)]):
         ppo.main()
     (gif,) = tmp_path.glob("*/episode.gif")

@@ -243,7 +243,7 @@ def test_copied_file_runs_alone_and_writes_outputs(tmp_path):
                       "--total-timesteps", 2_000, "--num-steps", 200, "--slip", 0.1,
                       "--save-model", "--plot", cwd=folder)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "greedy optimal per seed" in proc.stdout
+    assert "stats/greedy_optimal per seed" in proc.stdout
     assert proc.stdout.count("[q_learning] steps") == 10  # a progress line per segment
     (run_dir,) = (folder / "runs").iterdir()
     assert run_dir.name.startswith("GridWorld-v0__q_learning__1__")

@@ -6,7 +6,6 @@ import numpy as np
 import pytest
 
 import ppo
-import vpg
 from conftest import assert_usage_error
 
 TINY = dict(env_id="CartPole-v1", num_envs=4, num_steps=16, num_minibatches=2,
@@ -14,7 +13,7 @@ TINY = dict(env_id="CartPole-v1", num_envs=4, num_steps=16, num_minibatches=2,
 SWEEP = dict(learning_rate=(1e-3, 5e-3), gamma=(0.9, 0.99))
 
 
-@pytest.mark.parametrize("module", [ppo, vpg], ids=lambda m: m.__name__)
+@pytest.mark.parametrize("module", [ppo], ids=lambda m: m.__name__)  # the runner of all three
 def test_sweep_configuration_equals_its_single_run(module):
     """A 2 x 2 grid x 2 seeds on 2 devices, then each configuration alone: the same seed keys,
     so the first update agrees to 1e-5 (another layout may round differently by an ulp)."""
@@ -40,15 +39,17 @@ def test_summary_rows_best_first():
     args = ppo.validate(ppo.Args(**TINY, learning_rate=(1e-3, 2e-3, 3e-3), ent_coef=(0.0, 0.01)))
     finals = np.array([[10.0, 12.0], [50.0, 52.0], [30.0, 30.0],
                        [90.0, 80.0], [20.0, 20.0], [70.0, 71.0]])
+    metrics = {"episode_return": np.repeat(finals.reshape(12, 1), 3, axis=1),  # [runs, updates]
+               "env_steps": np.tile([64, 128, 192], (12, 1))}
     timing = dict(devices=2, compile_s=1.0, cached=False, run_s=2.0, sps=3.0)
-    lines = ppo.summary(args, finals, timing).splitlines()
+    lines = ppo.summary(args, metrics, timing).splitlines()
     assert lines[0].startswith("ppo on CartPole-v1: 6 configurations x 2 seeds x")
     assert lines[1].split(" | ")[:2] == ["learning_rate", "ent_coef"]
     rows = [line.split(" | ") for line in lines[2:8]]
     assert [(r[0], r[1]) for r in rows] == [("0.002", "0.01"), ("0.003", "0.01"),
                                             ("0.001", "0.01"), ("0.002", "0"),
                                             ("0.003", "0"), ("0.001", "0")]
-    assert rows[0][2].startswith("85.0 [80.0, 90.0]") and rows[0][4] == "80.0"
+    assert rows[0][2].startswith("85 [80, 90]") and rows[0][4] == "80"
 
 
 @pytest.mark.parametrize("script, flags, flag", [

@@ -227,17 +227,13 @@ def user_run(tmp_path_factory):
     return proc, run_dir
 
 
-def test_seed_sweep_layout_and_determinism(user_run):
+def test_seed_sweep_determinism(user_run):
+    """(Other device layouts: test_ppo's, the same runner.)"""
     args = vpg.validate(vpg.Args(track=False, **TINY))
-    _, one_device, _ = vpg.run(args, num_devices=1)
     state, two_devices, _ = vpg.run(args, num_devices=2)
-    assert set(one_device) == {"env_steps", "episode_return", "episode_length", "loss/policy",
-                               "loss/value", "loss/entropy", "stats/approx_kl"}
-    for key in one_device:
-        assert one_device[key].shape == (4, 10), key
-        # Another layout may round differently by an ulp: the first update agrees to 1e-5.
-        np.testing.assert_allclose(one_device[key][:, 0], two_devices[key][:, 0], rtol=1e-5,
-                                   atol=1e-7, err_msg=key)
+    assert set(two_devices) == {"env_steps", "episode_return", "episode_length", "loss/policy",
+                                "loss/value", "loss/entropy", "stats/approx_kl"}
+    assert all(v.shape == (4, 10) for v in two_devices.values())
     # The same command on the same layout is bit-identical: the user's run (another process)
     # logged the very same metrics, every update and seed, and saved the very same parameters.
     _, run_dir = user_run
