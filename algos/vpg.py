@@ -405,6 +405,7 @@ Drawing, draw = dataclasses.make_dataclass("Drawing", []), lambda run_dir, args,
 import hashlib
 import itertools
 import json
+import shutil
 import signal
 import socket
 import sys
@@ -625,16 +626,23 @@ def segments(args: Args, num_devices: Optional[int] = None, start=None):
     advance = jax.pmap(jax.vmap(advance, in_axes=(0, 0, None)), devices=devices,
                        donate_argnums=1)
     t0, hits = time.perf_counter(), len(CACHE_HITS)  # a hit from here on is training's
-    if start is None:
-        runner, metrics = init.lower(keys, hp).compile(COMPILER_OPTIONS)(keys, hp), None
-    else:  # the checkpoint's leaves are [runs, ...]: the structure comes from init's
-        state, metrics = start
-        runner = jax.tree.map(layout, flax.serialization.from_state_dict(
-            jax.eval_shape(init, keys, hp), state))
+    shapes = jax.eval_shape(init, keys, hp)  # the runner state's, [devices, per device, ...]
     # `valid` goes to each device (a broadcast argument fails to lower across processes).
     per_device = lambda valid: np.full(len(devices), valid, np.int32)
-    advance = advance.lower(hp, runner, per_device(length)).compile(COMPILER_OPTIONS)
+    programs = [init.lower(keys, hp).compile(COMPILER_OPTIONS)] if start is None else []
+    if jax.process_count() > 1:  # (pmap lowers abstract arguments of one process only)
+        shapes = jax.tree.map(lambda s: np.zeros(s.shape, s.dtype), shapes)
+    advance = advance.lower(hp, shapes, per_device(length)).compile(COMPILER_OPTIONS)
+    check_memory(args, programs + [advance], len(devices))
     compile_s, cached = time.perf_counter() - t0, len(CACHE_HITS) > hits
+    if start is None:
+        runner, metrics = programs[0](keys, hp), None
+    else:  # the checkpoint's leaves are [runs, ...]: the structure comes from init's
+        state, metrics = start
+        try:
+            runner = jax.tree.map(layout, flax.serialization.from_state_dict(shapes, state))
+        except (ValueError, KeyError) as e:
+            raise ArgError(f"--resume: the checkpoint's state does not fit this file's ({e})")
     done, t_start = 0 if metrics is None else metrics["env_steps"].shape[1], time.perf_counter()
     steps_before = 0 if metrics is None or not done else metrics["env_steps"][0, done - 1]
     valid = lambda first: min(length, train.num_updates - first)
@@ -651,6 +659,29 @@ def segments(args: Args, num_devices: Optional[int] = None, start=None):
             "compile_s": compile_s, "run_s": run_s, "cached": cached, "first": first,
             "num_updates": train.num_updates, "devices": len(devices) * jax.process_count(),
             "sps": runs * float(metrics["env_steps"][0, -1] - steps_before) / run_s}
+
+
+def check_memory(args: Args, programs, devices: int):
+    """Refuse, before their first call, programs whose arguments, outputs and temporaries (XLA's
+    estimate, per device) exceed the memory this process can have: on CPU the machine's available
+    memory, shared by its devices; on an accelerator each device's own."""
+    need = max(m.argument_size_in_bytes + m.output_size_in_bytes + m.temp_size_in_bytes
+               - m.alias_size_in_bytes for m in (p.memory_analysis() for p in programs))
+    if jax.default_backend() == "cpu":
+        need, where = need * devices, "available on this machine"
+        try:  # Linux's estimate of what can be had without swapping; elsewhere, all of it
+            with open("/proc/meminfo") as f:
+                have = 1024 * int(next(x for x in f if x.startswith("MemAvailable")).split()[1])
+        except OSError:
+            have = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    else:
+        where = f"on each {jax.default_backend()} device"
+        have = (jax.local_devices()[0].memory_stats() or {}).get("bytes_limit", np.inf)
+    if need > have:
+        sizes = ", ".join(flag(k) for k in ("num_envs", "num_steps", "num_agents", "num_seeds")
+                          if hasattr(args, k))
+        raise ArgError(f"the run needs about {need / 2**30:.1f} GiB (XLA's estimate), more than "
+                       f"the {have / 2**30:.1f} GiB {where}: make {sizes} smaller")
 
 
 def run(args: Args, num_devices: Optional[int] = None):
@@ -692,7 +723,10 @@ def summary(args: Args, metrics, timing) -> str:
               **{k: by_config(metrics[k][:, -1]) for k in SHOWN}}
     sweep = f"{len(configs)} configurations x " if len(configs) > 1 else ""
     lines = [f"{args.exp_name} on {args.env_id}: {sweep}{args.num_seeds} seeds x "
-             f"{metrics['env_steps'][0, -1]:,.0f} steps"]
+             f"{metrics['env_steps'][0, -1]:,.0f} steps", "flags: " + " ".join(  # as resolved
+                 f"{k}={v[0] if isinstance(v, tuple) and len(v) == 1 else v}" for k, v in (
+                     (f.name, getattr(args, f.name)) for f in dataclasses.fields(Hyperparams)[1:])
+                 if not (k in HPARAMS and len(v) > 1))]  # all but --env-id and swept flags
     timing_line = (f"{timing['devices']} device(s)  compile {timing['compile_s']:.1f} s"
                    f"{' (cache)' if timing['cached'] else ''}  run {timing['run_s']:.1f} s  |  "
                    f"{timing['sps']:,.0f} steps/s")
@@ -749,10 +783,13 @@ class Tensorboard:
 
     @staticmethod
     def append(path, events):
-        with open(path, "ab") as f:
-            for event in events:
-                event.wall_time = time.time()
-                RecordWriter(f).write(event.SerializeToString())
+        try:
+            with open(path, "ab") as f:
+                for event in events:
+                    event.wall_time = time.time()
+                    RecordWriter(f).write(event.SerializeToString())
+        except OSError as e:
+            raise OSError(e.errno, e.strerror, path) from None
 
     def write(self, metrics, sps):
         """Append the updates of `metrics` ([runs, updates so far]) not written yet."""
@@ -768,22 +805,35 @@ class Tensorboard:
 
 
 def write_atomic(path, data: bytes):
-    """Write beside `path`, then rename: a reader, or a crash, sees the old file or the new one."""
+    """Write beside `path`, then rename: a reader, or a crash, sees the old file or the new one;
+    a failed write leaves no temporary file and names `path`. Mode: as open() gives (umask)."""
     with tempfile.NamedTemporaryFile(dir=os.path.dirname(path), delete=False) as f:
-        f.write(data)
-        os.fsync(f.fileno())
+        try:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+            os.chmod(f.name, 0o666 & ~UMASK)  # not the temporary file's 0600
+        except OSError as e:
+            os.unlink(f.name)
+            raise OSError(e.errno, e.strerror, path) from None
     os.replace(f.name, path)
+
+
+UMASK = os.umask(0o022)  # read (and put back) once
+os.umask(UMASK)
 
 
 def write_checkpoint(run_dir, args: Args, state, metrics, num_updates):
     """run_dir/checkpoint.msgpack: the arguments, every run's state and metrics, behind their
     SHA-256 (flax.serialization: orbax's sharded, asynchronous machinery buys nothing here)."""
     data = flax.serialization.msgpack_serialize({
+        "format": FORMAT, "file": os.path.basename(__file__), "num_updates": num_updates,
         "args": json.dumps(dataclasses.asdict(args)), "metrics": metrics,
-        "num_updates": num_updates, "state": flax.serialization.to_state_dict(state)})
+        "state": flax.serialization.to_state_dict(state)})
     write_atomic(os.path.join(run_dir, "checkpoint.msgpack"), hashlib.sha256(data).digest() + data)
 
 
+FORMAT = 1  # of checkpoint.msgpack: a file reads the format it writes, and refuses others
 # Flags a resumed run may change: they do not change what it computes.
 RESUME_MAY_CHANGE = ("track", "log_dir", "exp_name", "save_model", "capture_gif",
                      "compile_cache_dir", "resume", "distributed", "coordinator_address",
@@ -799,10 +849,16 @@ def read_checkpoint(args: Args, argv) -> tuple:
         if hashlib.sha256(data).digest() != digest:
             raise ValueError("its checksum does not match: the file is damaged")
         checkpoint = flax.serialization.msgpack_restore(data)
-        saved, done = json.loads(checkpoint["args"]), checkpoint["metrics"]["env_steps"].shape[1]
-        finished = done >= checkpoint["num_updates"]
-    except (OSError, ValueError, KeyError) as e:
-        raise ArgError(f"--resume {args.resume}: no usable checkpoint ({e!r})") from None
+    except (OSError, ValueError) as e:
+        raise ArgError(f"--resume {args.resume}: no usable checkpoint ({e})") from None
+    if checkpoint.get("format") != FORMAT:
+        raise ArgError(f"--resume {args.resume}: its checkpoint has format "
+                       f"{checkpoint.get('format', 0)}; this file reads format {FORMAT}")
+    saved, ours = json.loads(checkpoint["args"]), {f.name for f in dataclasses.fields(Args)}
+    if set(saved) != ours:
+        raise ArgError(f"--resume {args.resume}: written by {checkpoint['file']}, whose flags "
+                       f"differ from this file's ({', '.join(sorted(set(saved) ^ ours))})")
+    finished = checkpoint["metrics"]["env_steps"].shape[1] >= checkpoint["num_updates"]
     typed = {a.split("=")[0] for a in argv}
     for k, v in saved.items():
         if (k not in RESUME_MAY_CHANGE and flag(k) in typed
@@ -859,14 +915,49 @@ def save_model(model_dir, args: Args, state):
 
 
 # ---------------------------------------------------------------------------- main
-STOP = []  # Ctrl-C was pressed: the run stops at the end of the current segment
+STOP = []  # the signals received: the run stops at the end of the current segment
 
 
 def stop_after_segment(signum, frame):
-    """The first Ctrl-C lets the segment finish and checkpoint; the second stops at once."""
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    """The first Ctrl-C or SIGTERM (a scheduler's notice of preemption) lets the segment finish
+    and checkpoint; a second signal, with the default handlers back, stops at once."""
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, signal.SIG_DFL)
     STOP.append(signum)
-    print("\nstopping at the end of this segment (Ctrl-C again: at once)", file=sys.stderr)
+    print(f"\n{signal.Signals(signum).name}: stopping at the end of this segment (again: at "
+          "once)", file=sys.stderr)
+
+
+def train_and_write(args: Args, checkpoint, run_dir, writer):
+    """The sweep, segment by segment: progress, events and a checkpoint after each, then the
+    models and pictures of every configuration and the summary."""
+    start = checkpoint and (checkpoint["state"], checkpoint["metrics"])
+    board = writer and args.track and Tensorboard(
+        run_dir, args, start[1]["env_steps"] if start else np.zeros((1, 0)))
+    for state, metrics, timing in segments(args, start=start):
+        if board:
+            board.write(metrics, timing["sps"])
+        if writer:
+            write_checkpoint(run_dir, args, state, metrics, timing["num_updates"])
+            print(progress(args, metrics, timing), flush=True)
+        # Every process stops after the same segment: the others would wait for it forever.
+        if (stop := multihost_utils.process_allgather(np.int32(STOP[0] if STOP else 0))).any():
+            if writer:
+                print(f"stopped with a checkpoint; continue with: python {sys.argv[0]} --resume "
+                      f"{run_dir}", flush=True)
+            sys.exit(128 + int(stop.max()))  # 130 after Ctrl-C, 143 after SIGTERM
+    if not writer:
+        return
+    pick = lambda tree, c: jax.tree.map(lambda x: x[c * args.num_seeds:][:args.num_seeds], tree)
+    for c, (one, config_dir) in enumerate(config_dirs(run_dir, args)):
+        os.makedirs(config_dir, exist_ok=True)
+        mine = pick(state, c)
+        saved = [save_model(config_dir, one, mine)] if args.save_model else []
+        if args.capture_gif:
+            saved.append(capture_gif(os.path.join(config_dir, "episode.gif"), one, mine))
+        for path in saved + draw(config_dir, one, mine):
+            print(f"saved {path}")
+    print(summary(args, metrics, timing))
 
 
 def main():
@@ -886,34 +977,19 @@ def main():
     # The cache is set up at the first compile (importing gymnax runs some): set it up again.
     compilation_cache.set_cache_dir(args.compile_cache_dir or None)
     compilation_cache.reset_cache()
-    signal.signal(signal.SIGINT, stop_after_segment)
-    start = checkpoint and (checkpoint["state"], checkpoint["metrics"])
-    board = writer and args.track and Tensorboard(
-        run_dir, args, start[1]["env_steps"] if start else np.zeros((1, 0)))
-    for state, metrics, timing in segments(args, start=start):
-        if board:
-            board.write(metrics, timing["sps"])
-        if writer:
-            write_checkpoint(run_dir, args, state, metrics, timing["num_updates"])
-            print(progress(args, metrics, timing), flush=True)
-        # Every process stops after the same segment: the others would wait for it forever.
-        if multihost_utils.process_allgather(np.int32(len(STOP))).any():
-            if writer:
-                print(f"stopped with a checkpoint; continue with: python {sys.argv[0]} --resume "
-                      f"{run_dir}", flush=True)
-            sys.exit(130)
-    if not writer:
-        return
-    pick = lambda tree, c: jax.tree.map(lambda x: x[c * args.num_seeds:][:args.num_seeds], tree)
-    for c, (one, config_dir) in enumerate(config_dirs(run_dir, args)):
-        os.makedirs(config_dir, exist_ok=True)
-        mine = pick(state, c)
-        saved = [save_model(config_dir, one, mine)] if args.save_model else []
-        if args.capture_gif:
-            saved.append(capture_gif(os.path.join(config_dir, "episode.gif"), one, mine))
-        for path in saved + draw(config_dir, one, mine):
-            print(f"saved {path}")
-    print(summary(args, metrics, timing))
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, stop_after_segment)
+    try:
+        train_and_write(args, checkpoint, run_dir, writer)
+    except ArgError as e:  # the memory check, or a checkpoint this file cannot continue
+        if writer and not args.resume:
+            shutil.rmtree(run_dir, ignore_errors=True)
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
+    except OSError as e:  # a file that cannot be written: no space left, no permission...
+        print(f"error: cannot write {e.filename}: {e.strerror} (the last checkpoint in {run_dir} "
+              "is intact)", file=sys.stderr)
+        sys.exit(74)  # EX_IOERR
 
 
 if __name__ == "__main__":

@@ -97,6 +97,22 @@ def test_killed_distributed_run_resumes(tmp_path):
     np.testing.assert_array_equal(written(ql, run_dir, args), ql.run(args)[1]["stats/q_error"])
 
 
+def test_a_signal_to_one_process_stops_them_all_after_the_same_segment(tmp_path):
+    """Ctrl-C to process 1 alone (SIGINT): both processes stop after the same segment, exit 130,
+    and process 0 writes the checkpoint of that segment and says how to continue."""
+    fields = dict(num_agents=64, num_steps=1000, total_timesteps=1000 * 200, num_seeds=2,
+                  learning_rate=(0.1, 0.5))
+    procs = start(ql, tmp_path, fields, free_port())
+    next(line for line in procs[0].stdout if "] steps " in line)  # the first segment is done
+    procs[1].send_signal(signal.SIGINT)
+    (out0, err0), (out1, err1) = (p.communicate(timeout=120) for p in procs)
+    assert [p.returncode for p in procs] == [130, 130], err0[-2000:] + err1[-2000:]
+    assert "continue with: python" in out0 and "Traceback" not in err0 + err1
+    (run_dir,) = tmp_path.glob("*__*")
+    assert len(read_scalars(run_dir / "learning_rate=0.1" / "seed_0", "stats/q_error")) \
+        == 20 * (1 + out0.count("] steps "))  # the segments process 0 reported, 20 updates each
+
+
 def test_runs_that_do_not_split_over_the_processes(tmp_path):
     """1 configuration x 3 seeds cannot be split over 2 processes (the address flags imply
     --distributed): both say so in one line, exit 2 and write nothing."""

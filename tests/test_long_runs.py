@@ -5,10 +5,14 @@ ppo.py, vpg.py and q_learning.py (test_layout.py): the kill and Ctrl-C run q_lea
 2-configuration sweep as a user would (its compile is the shortest); ppo's state (optimiser,
 normalisation statistics) goes through a checkpoint in this process."""
 import dataclasses
+import errno
+import os
 import shutil
 import signal
 import subprocess
 import sys
+import time
+from unittest import mock
 
 import flax.serialization
 import jax
@@ -17,6 +21,7 @@ import pytest
 
 import ppo
 import q_learning as ql
+import vpg
 from conftest import ALGOS, assert_usage_error, read_scalars, run_script
 
 # module -> Args of a run of 10 segments that take long enough (a few tenths of a second each on
@@ -114,10 +119,12 @@ def test_killed_run_resumes_to_the_uninterrupted_result(module, tmp_path, refere
     assert_same_as_uninterrupted(module, run_dir, proc.stdout, reference)
 
 
-@pytest.mark.parametrize("module, sig, code", [(ql, signal.SIGINT, 130)], ids=["int"])
+@pytest.mark.parametrize("module, sig, code", [(ql, signal.SIGINT, 130),
+                                               (ql, signal.SIGTERM, 143)], ids=["int", "term"])
 def test_a_signal_stops_after_the_segment_and_resumes(module, sig, code, tmp_path, reference):
-    """Ctrl-C (SIGINT): the segment finishes, its checkpoint is written, one line says how to
-    resume, exit 128 + the signal; the resumed run ends where the uninterrupted one does."""
+    """Ctrl-C (SIGINT), or the SIGTERM a scheduler sends before it preempts a job: the segment
+    finishes, its checkpoint is written, one line says how to resume, exit 128 + the signal; the
+    resumed run ends where the uninterrupted one does."""
     returncode, out, err = start_then_signal(module, tmp_path, sig, after=1)
     (run_dir,) = tmp_path.iterdir()
     script = f"{module.__name__}.py"
@@ -128,6 +135,90 @@ def test_a_signal_stops_after_the_segment_and_resumes(module, sig, code, tmp_pat
     proc = run_script(script, "--resume", run_dir, "--save-model")
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert_same_as_uninterrupted(module, run_dir, proc.stdout, reference)
+
+
+def test_a_second_signal_stops_at_once(tmp_path):
+    """Ctrl-C, then Ctrl-C again while the segment runs (segments of a few seconds here): the
+    default handler is back, the process dies of the signal at once, with no checkpoint after the
+    first segment's and no line saying how to continue."""
+    longer = ["--num-agents", 64, "--num-steps", 1000, "--total-timesteps", 1000 * 2000,
+              "--num-seeds", 2, "--num-segments", 10, "--log-dir", tmp_path]
+    proc = subprocess.Popen([sys.executable, str(ALGOS / "q_learning.py"), *map(str, longer)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert "] steps " in proc.stdout.readline()
+    proc.send_signal(signal.SIGINT)
+    time.sleep(0.5)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == -signal.SIGINT, (proc.returncode, out, err[-2000:])
+    assert "continue with" not in out and "] steps " not in out
+
+
+def test_a_full_disk_is_one_line_and_the_last_checkpoint_resumes(tmp_path, reference, capsys):
+    """The third checkpoint write fails with ENOSPC (os.fsync raising it, as a full disk does):
+    one line naming the file and the cause, exit 74, no temporary file left; the second
+    checkpoint is intact and --resume finishes the run as if nothing happened."""
+    real_fsync, calls = os.fsync, []
+
+    def full_after_two(fd):
+        calls.append(fd)
+        if len(calls) == 3:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return real_fsync(fd)
+
+    argv = ["q_learning.py", *map(str, flags(ql)), "--save-model", "--log-dir", str(tmp_path)]
+    with mock.patch.object(sys, "argv", argv), mock.patch.object(os, "fsync", full_after_two), \
+            pytest.raises(SystemExit) as exit_info:
+        ql.main()
+    (run_dir,) = tmp_path.iterdir()
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert exit_info.value.code == 74 and len(err) == 1, err
+    assert err[0].startswith(f"error: cannot write {run_dir / 'checkpoint.msgpack'}: No space")
+    assert [p.name for p in run_dir.iterdir() if p.is_file()] == ["checkpoint.msgpack"]
+    with mock.patch.object(sys, "argv", ["q_learning.py", "--resume", str(run_dir),
+                                         "--save-model"]):
+        ql.main()
+    assert_same_as_uninterrupted(ql, run_dir, capsys.readouterr().out, reference)
+
+
+@pytest.mark.parametrize("writer", [ppo, vpg, ql], ids=ids)
+def test_a_checkpoint_of_another_file_or_format_is_refused(writer, tmp_path):
+    """A checkpoint says which file wrote it and its format: each other file refuses it, and so
+    does the file itself when the format is another, in one line, exit 2, nothing compiled."""
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    args = writer.validate(writer.Args(track=False))
+    metrics = {"env_steps": np.zeros((args.num_seeds, 1), np.int32)}
+    writer.write_checkpoint(str(run_dir), args, {}, metrics, 5)
+    for other in {ppo, vpg, ql} - {writer}:
+        assert_usage_error(f"{other.__name__}.py", ["--resume", run_dir],
+                           f"written by {writer.__name__}.py", tmp_path)
+    with mock.patch.object(writer, "FORMAT", writer.FORMAT + 1):
+        assert_usage_error(f"{writer.__name__}.py", ["--resume", run_dir], "format", tmp_path)
+
+
+def test_a_run_too_big_for_memory_is_refused_before_its_first_call(tmp_path, capsys):
+    """--num-envs 20,000,000 on one seed: XLA's estimate of the compiled programs' memory is far
+    above what this machine has; one line naming the size flags, exit 2, no update run and no
+    run directory left."""
+    argv = ["ppo.py", "--num-envs", "20000000", "--num-seeds", "1", "--log-dir", str(tmp_path)]
+    calls = []
+    with mock.patch.object(sys, "argv", argv), pytest.raises(SystemExit) as exit_info, \
+            mock.patch.object(ppo, "progress", lambda *a: calls.append(a) or ""):
+        ppo.main()
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert exit_info.value.code == 2 and len(err) == 1, err
+    assert "GiB" in err[0] and "--num-envs, --num-steps, --num-seeds" in err[0], err
+    assert not calls and not any(tmp_path.iterdir())
+
+
+def test_importing_after_jax_started():
+    """A user's session that already ran JAX can import the files (none changes JAX's settings on
+    import; the runner's main() sets the device count)."""
+    proc = subprocess.run([sys.executable, "-c", "import jax; jax.numpy.ones(2).block_until_ready()"
+                           "; import ppo, vpg, q_learning"], cwd=ALGOS, capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
 
 
 TINY = dict(env_id="CartPole-v1", num_envs=8, num_steps=32, num_minibatches=2, update_epochs=1,

@@ -355,6 +355,11 @@ def test_cli_sweep_writes_events_and_models(tmp_path):
     acc.Reload()
     text = acc.Tensors("hyperparameters")[0].tensor_proto.string_val[0].decode()
     assert "|ent_coef|(0.01,)|" in text
+    # What the preset set (never typed) and the rules gave, resolved, in tensorboard and in the
+    # summary's flags line.
+    for k, v in [("update_epochs", 4), ("network", "mlp"), ("activation", "tanh")]:
+        (flags,) = [line for line in proc.stdout.splitlines() if line.startswith("flags: ")]
+        assert f"|{k}|{v}|" in text and f" {k}={v} " in f"{flags} "
 
 
 def test_copied_file_runs_alone(tmp_path):

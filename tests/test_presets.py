@@ -49,6 +49,15 @@ def test_presets_resolve_before_anything_compiles(module, env_id):
     assert module.validate(args) == args  # resolving again changes nothing
 
 
+@pytest.mark.parametrize("env_id, kind", [("MountainCarContinuous-v0", "box"),
+                                          ("Catch-bsuite", "discrete")])
+def test_an_env_without_a_preset_takes_its_action_spaces(env_id, kind):
+    assert env_id not in ppo.PRESETS
+    args = ppo.validate(ppo.Args(env_id=env_id))
+    assert {k: getattr(args, k) for k in ppo.PRESETS[kind]} == {
+        k: (v,) if k in ppo.HPARAMS else v for k, v in ppo.PRESETS[kind].items()}
+
+
 def test_a_flag_beats_its_preset():
     args = ppo.validate(ppo.Args(env_id="Breakout-MinAtar", num_envs=16, learning_rate=(1e-3,),
                                  network="cnn"))

@@ -177,6 +177,36 @@ def test_frozen_lake_learns():
     assert np.nanmean(returns[:, -1]) >= np.nanmean(returns[:, 0]) + 0.3, returns
 
 
+def test_greedy_optimal_of_hand_made_tables():
+    """stats/greedy_optimal against a count of our own: three agents' tables set by hand (a
+    learning rate of 0 keeps them through the update): Q* itself (every greedy action optimal),
+    Q* with a wrong action made greedy in 5 reachable states, and Q* with every state's optimal
+    actions turned worst. From Q* in float64 numpy: the mean over agents of the fraction of
+    reachable non-terminal states whose every greedy action is optimal."""
+    args = ql.validate(ql.Args(num_agents=3, num_steps=1, total_timesteps=1, track=False))
+    model = ql.make_env(args).model
+    q_star = numpy_q_star(model, args.gamma[0])
+    scored = np.flatnonzero(scored_states(model))
+    optimal = optimal_actions(q_star)
+    wrong = q_star.copy()
+    for s in scored[::len(scored) // 5][:5]:  # 5 states: a non-optimal action above the best
+        wrong[s, np.flatnonzero(~optimal[s])[0]] = q_star[s].max() + 1.0
+    worst = np.where(optimal, q_star.min() - 1.0, q_star)
+    tables = np.stack([q_star, wrong, worst])
+    greedy = tables == tables.max(-1, keepdims=True)
+    per_agent = (~(greedy & ~optimal).any(-1))[:, scored].mean(-1)
+    np.testing.assert_allclose(per_agent[:2], [1.0, 1 - 5 / len(scored)])
+    assert per_agent[2] < 0.2, per_agent  # (a state where every action is optimal stays right)
+    expected = per_agent.mean()
+
+    train = ql.make_train(args)
+    hp = {k: jnp.float32(getattr(args, k)[0]) for k in ql.HPARAMS} | {"learning_rate": 0.0}
+    runner = train.init(jax.random.PRNGKey(0), hp)
+    runner = runner._replace(agents=runner.agents._replace(q=jnp.float32(tables)))
+    _, metrics = jax.jit(train.update)(hp, runner)
+    np.testing.assert_allclose(metrics["stats/greedy_optimal"], expected, rtol=1e-6)
+
+
 def test_block_size_splits_agents_evenly():
     for n in [1, 30, 512, 1000, 4096, 32768, 65536, 10007]:
         size = ql.block_size(n, 720)
@@ -258,6 +288,8 @@ def test_copied_file_runs_alone_and_writes_outputs(tmp_path):
     assert (run_dir / "q_values.png").stat().st_size > 10_000
     assert sorted(p.name for p in run_dir.iterdir()) == [
         "checkpoint.msgpack", "model.msgpack", "q_values.png", "seed_0", "seed_1"]  # no .tmp
+    # One permission rule for all a run writes (the umask's; no 0600 for the atomic writes).
+    assert len({p.stat().st_mode & 0o777 for p in run_dir.rglob("*") if p.is_file()}) == 1
 
 
 @pytest.mark.parametrize("flags, flag", [

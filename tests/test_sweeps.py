@@ -15,21 +15,23 @@ SWEEP = dict(learning_rate=(1e-3, 5e-3), gamma=(0.9, 0.99))
 
 @pytest.mark.parametrize("module", [ppo], ids=lambda m: m.__name__)  # the runner of all three
 def test_sweep_configuration_equals_its_single_run(module):
-    """A 2 x 2 grid x 2 seeds on 2 devices, then each configuration alone: the same seed keys,
-    so the first update agrees to 1e-5 (another layout may round differently by an ulp)."""
+    """A 2 x 2 grid x 2 seeds on 2 devices, then every configuration alone: the same seed keys,
+    so the first update agrees to 1e-5 (another layout may round differently by an ulp) and the
+    final returns are the same."""
     args = module.validate(module.Args(**TINY, **SWEEP))
     configs = module.grid(args)
     assert [(c["learning_rate"], c["gamma"]) for c in configs] == [
         (1e-3, 0.9), (1e-3, 0.99), (5e-3, 0.9), (5e-3, 0.99)]  # the first flag varies slowest
     _, sweep, timing = module.run(args)
     assert timing["devices"] == 2 and sweep["episode_return"].shape == (4, 2, 3)
-    for c in (1, 2):  # the two that differ in both values (one program: the values are traced)
-        config = configs[c]
+    for c, config in enumerate(configs):  # one program for all: the values are traced
         one = dataclasses.replace(args, **{k: (v,) for k, v in config.items()})
         _, single, _ = module.run(one)
         for key in single:
             np.testing.assert_allclose(sweep[key][c, :, 0], single[key][:, 0], rtol=1e-5,
                                        atol=1e-6, err_msg=f"{config} {key}")
+        np.testing.assert_allclose(module.final_returns({k: v[c] for k, v in sweep.items()}),
+                                   module.final_returns(single), rtol=1e-5, err_msg=str(config))
     # The values are traced, not baked in: different configurations give different losses.
     losses = np.asarray(sweep["loss/value"])[:, 0, -1]
     assert len(set(losses.tolist())) == 4, losses
@@ -44,8 +46,10 @@ def test_summary_rows_best_first():
     timing = dict(devices=2, compile_s=1.0, cached=False, run_s=2.0, sps=3.0)
     lines = ppo.summary(args, metrics, timing).splitlines()
     assert lines[0].startswith("ppo on CartPole-v1: 6 configurations x 2 seeds x")
-    assert lines[1].split(" | ")[:2] == ["learning_rate", "ent_coef"]
-    rows = [line.split(" | ") for line in lines[2:8]]
+    assert lines[1].startswith("flags: total_timesteps=192 num_envs=4 ")  # resolved; not swept
+    assert "learning_rate" not in lines[1] and " vf_coef=0.5 " in lines[1]
+    assert lines[2].split(" | ")[:2] == ["learning_rate", "ent_coef"]
+    rows = [line.split(" | ") for line in lines[3:9]]
     assert [(r[0], r[1]) for r in rows] == [("0.002", "0.01"), ("0.003", "0.01"),
                                             ("0.001", "0.01"), ("0.002", "0"),
                                             ("0.003", "0"), ("0.001", "0")]

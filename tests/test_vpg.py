@@ -254,6 +254,18 @@ def test_seed_sweep_determinism(user_run):
     assert np.all(kl > 0) and np.all(kl < 0.05), kl
 
 
+def test_a_network_without_a_critic_is_refused():
+    """The value steps move the parameters of the module named critic: a network without one
+    (or with nothing beside it) is refused when the optimisers meet it, not trained wrongly."""
+    args = vpg.validate(vpg.Args(hidden_size=8, track=False))
+    txs = vpg.make_train(args).make_tx({k: np.float32(v) for k, v in vpg.grid(args)[0].items()})
+    for params in [{"params": {"actor": {"w": jnp.zeros(2)}}},
+                   {"params": {"critic": {"w": jnp.zeros(2)}}}]:
+        for tx in txs:
+            with pytest.raises(ValueError, match="VPG needs a critic module"):
+                tx.init(params)
+
+
 def test_help_lists_every_flag_with_its_doc(capsys):
     # main() in-process, as a user's `python algos/vpg.py --help` runs it, without ~4 s of imports.
     with mock.patch.object(sys, "argv", ["vpg.py", "--help"]), \
