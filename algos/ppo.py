@@ -874,6 +874,8 @@ def read_checkpoint(args: Args, argv) -> tuple:
 
 def undrawable(env_id) -> Optional[str]:
     """Why gymnax cannot draw env_id here (an env it does not know; no pygame), or None."""
+    for device in ("SDL_VIDEODRIVER", "SDL_AUDIODRIVER"):  # classic control's pygame: headless
+        os.environ.setdefault(device, "dummy")
     import gymnax
     from gymnax.visualize import Visualizer
     try:

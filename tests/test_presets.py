@@ -1,7 +1,6 @@
 """Per-environment presets (ppo.py, vpg.py): what each env resolves to, a flag beating its preset,
 MinAtar's CNN on batches of any leading shape and in one update of each file, a short MinAtar run
 that learns, and --capture-gif."""
-import importlib.util
 import sys
 from unittest import mock
 
@@ -105,7 +104,8 @@ def test_minatar_return_rises_above_the_random_policy():
 
 
 def test_capture_gif_draws_an_episode(tmp_path, capsys):
-    # test_ppo's Breakout-MinAtar run (its compiled program comes from the session's cache)
+    """MinAtar, drawn with matplotlib, from the command line: test_ppo's Breakout-MinAtar run,
+    whose compiled program comes from the session's cache."""
     flags = ["--env-id", "Breakout-MinAtar", "--num-seeds", 2, "--num-envs", 8, "--num-steps", 32,
              "--num-minibatches", 2, "--update-epochs", 1, "--hidden-size", 16,
              "--total-timesteps", 8 * 32 * 4, "--no-track", "--capture-gif", "--log-dir", tmp_path]
@@ -117,10 +117,20 @@ def test_capture_gif_draws_an_episode(tmp_path, capsys):
         assert image.n_frames >= 2 and image.size[0] >= 100
 
 
-@pytest.mark.parametrize("env_id", ["DeepSea-bsuite", "CartPole-v1"])
-def test_capture_gif_of_an_env_it_cannot_draw(env_id, tmp_path):
-    """gymnax has no drawing of DeepSea; CartPole's needs pygame, which our requirements leave
-    out: one line, exit 2, before anything compiles."""
-    if env_id == "CartPole-v1" and importlib.util.find_spec("pygame"):
-        pytest.skip("pygame is installed here: gymnax can draw CartPole-v1")
-    assert_usage_error("ppo.py", ["--env-id", env_id, "--capture-gif"], "--capture-gif", tmp_path)
+def test_capture_gif_draws_classic_control(tmp_path):
+    """CartPole-v1, drawn with pygame (pinned in the requirements): an episode of an untrained
+    policy (short: gymnax draws each frame with matplotlib, ~0.4 s a frame here)."""
+    args = ppo.validate(ppo.Args(env_id="CartPole-v1", hidden_size=16, num_seeds=1))
+    hp = {k: jnp.float32(v) for k, v in ppo.grid(args)[0].items()}
+    state = jax.tree.map(lambda x: x[None], ppo.make_train(args).init(jax.random.PRNGKey(0), hp))
+    gif = ppo.capture_gif(str(tmp_path / "episode.gif"), args, state)
+    with Image.open(gif) as image:
+        assert image.n_frames >= 5 and image.size[0] >= 100
+
+
+@pytest.mark.parametrize("script, env_id", [("ppo.py", "DeepSea-bsuite"),
+                                            ("q_learning.py", "GridWorld-v0")])
+def test_capture_gif_of_an_env_it_cannot_draw(script, env_id, tmp_path):
+    """gymnax has no drawing of DeepSea, and q_learning's GridWorld is not gymnax's: one line,
+    exit 2, before anything compiles."""
+    assert_usage_error(script, ["--env-id", env_id, "--capture-gif"], "--capture-gif", tmp_path)

@@ -30,12 +30,12 @@ from conftest import (
 
 # One table: what a correct VPG reaches, the env-step budget it gets (default flags fill the rest),
 # on how many seeds. "final" = mean episode_return over the last 5% of updates; "rise" = how far
-# the last 10% of updates must score above the first 10%. CartPole-v1: the issue asks for a mean
-# of 400 within 1M steps; the default 300k steps give 500 on 10 of 12 seeds measured (the other
-# two 499.1 and 494.6) and the first 10% of updates about 35.
+# the last 10% of updates must score above the first 10%. CartPole-v1: the default 300k steps give
+# 500 on 63 of 64 seeds (RESULTS.md) and on each of these 4 (--seed 1, as measured), the first 10%
+# of updates about 35: the floor is PPO's, where a correct implementation is.
 LEARNING = {
     "cartpole_default": dict(args=dict(env_id="CartPole-v1"), budget=300_000, seeds=4,
-                             mean=400.0, worst=300.0, rise=150.0),
+                             mean=475.0, worst=450.0, rise=150.0),
     "pendulum_default": dict(args=dict(env_id="Pendulum-v1"), budget=1_000_000, seeds=4,
                              mean=-250.0, worst=-300.0, rise=500.0),
 }
