@@ -72,11 +72,12 @@ def test_nothing_above_the_fence_uses_the_runner(name):
 @pytest.mark.parametrize("module", [ppo, vpg, ql], ids=lambda m: m.__name__)
 def test_hooks(module):
     """The hooks have the shapes the runner expects: SCORE ranks by the return or a SHOWN metric,
-    Drawing's flags are the file's own and may change on --resume, a float hyperparameter's
-    rule holds for its default value."""
+    Drawing's flags are switches apart from the hyperparameters, a float hyperparameter's rule
+    holds for its default value."""
     assert module.SCORE == "episode_return" or module.SCORE in module.SHOWN
+    hyperparams = {f.name for f in module.dataclasses.fields(module.Hyperparams)}
     for field in module.dataclasses.fields(module.Drawing):
-        assert field.name in module.RESUME_MAY_CHANGE and field.type is bool
+        assert field.type is bool and field.name not in hyperparams
     assert set(module.HPARAMS) <= {f.name for f in module.dataclasses.fields(module.Hyperparams)}
     args = module.validate(module.Args())
     for name, (_, holds) in module.HPARAMS.items():
