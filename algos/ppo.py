@@ -399,9 +399,8 @@ Drawing, draw = dataclasses.make_dataclass("Drawing", []), lambda run_dir, args,
 
 
 # ============================================================================ runner
-# The same in ppo.py, vpg.py and q_learning.py, byte for byte (a test compares them): it trains
-# make_train's program as a sweep of configurations x seeds, and does all around it, with what
-# the file names above (the flags, HPARAMS, PRESETS, resolve, the hooks): no need to read it.
+# The same in ppo.py, vpg.py and q_learning.py, byte for byte (a test compares them): a sweep of
+# make_train's program and all around it, from the names above (flags, presets, hooks).
 import hashlib
 import itertools
 import json
@@ -411,7 +410,6 @@ import socket
 import sys
 import tempfile
 import time
-from typing import Annotated
 
 import flax.serialization
 import jax.extend
@@ -440,6 +438,12 @@ class Args(Hyperparams, Drawing):
     """write the final model of every run to model.msgpack in the run directory"""
     capture_gif: bool = False
     """after training, draw an episode of the first seed's greedy policy (gymnax's envs)"""
+    eval_episodes: int = 64
+    """after training, fresh episodes of each run's policy, greedy and sampled (where it acts)"""
+    eval_every_segment: bool = False
+    """evaluate after every segment too (tensorboard: eval/episodic_return_greedy, _sampled)"""
+    load_model: Optional[str] = None
+    """a model.msgpack (--save-model): no training; evaluate its policies (and --capture-gif)"""
     compile_cache_dir: str = os.environ.get("JAX_COMPILATION_CACHE_DIR",
                                             os.path.expanduser("~/.cache/jax"))
     """persistent compilation cache, so a rerun skips most of the compile ("" turns it off)"""
@@ -472,10 +476,13 @@ def grid(args: Args) -> list:
 
 def validate(args: Args) -> Args:
     """Check every flag and resolve the unset ones (the file's `resolve`), before any compile."""
-    for field in dataclasses.fields(args):  # every count; a seed or a process index may be 0
+    for field in dataclasses.fields(args):  # every count (a process index may be 0), not a seed
         value = getattr(args, field.name)
-        if type(value) is int and value < 1 and field.name not in ("seed", "process_id"):
-            raise ArgError(f"{flag(field.name)} must be >= 1 (got {value})")
+        least = int(field.name not in ("process_id", "eval_episodes"))
+        if type(value) is int and value < least and field.name != "seed":
+            raise ArgError(f"{flag(field.name)} must be >= {least} (got {value})")
+    if args.load_model and args.resume:
+        raise ArgError("--load-model plays a saved model; --resume trains on: choose one")
     for name, (rule, holds) in HPARAMS.items():
         for x in getattr(args, name) or ():
             if not holds(x):
@@ -486,37 +493,25 @@ def validate(args: Args) -> Args:
         raise ArgError(str(e)) from None
     if args.capture_gif and (why := undrawable(args.env_id)):
         raise ArgError(f"--capture-gif cannot draw {args.env_id} here: {why}")
-    runs = len(grid(args)) * args.num_seeds  # default: 10 segments, or one per 2^24 steps
-    return dataclasses.replace(args, num_segments=args.num_segments or max(
-        10, -(-args.total_timesteps * runs // 2**24)))
+    return dataclasses.replace(args, num_segments=args.num_segments or max(  # or one per 2^24 steps
+        10, -(-args.total_timesteps * len(grid(args)) * args.num_seeds // 2**24)))
 
 
 def parse(argv) -> Args:
-    """The command line as Args. Its help shows, for each flag left to a preset or a rule, the
-    value it takes on the default env."""
+    """The command line as Args (a flag left to a preset or a rule shows "None" in --help)."""
     one_value = {flag(f.name) for f in dataclasses.fields(Args)
                  if "tuple" not in str(f.type) and f.type is not bool}
     for i, name in enumerate(argv):  # tyro would blame the second value as an unknown option
         if name in one_value and len(list(itertools.takewhile(
                 lambda v: not v.startswith("--"), argv[i + 1:]))) > 1:
             raise ArgError(f"{name} takes one value: it sets array shapes or loop lengths")
-    default = resolve(Args())
-    for field in dataclasses.fields(Hyperparams):
-        value = getattr(default, field.name)
-        if field.default is None and value is not None:
-            source = "preset" if field.name in PRESETS.get(default.env_id, ()) else "rule"
-            value = value[0] if isinstance(value, tuple) and len(value) == 1 else value
-            hint = f"(default: {value} on {default.env_id}, by its {source})"
-            Hyperparams.__annotations__[field.name] = Annotated[
-                field.type, tyro.conf.arg(help_behavior_hint=hint)]
     return tyro.cli(Args, args=argv, description=f"{__doc__.split(chr(10) * 2)[0]}\n\nThe "
                     "algorithm's flags come first; the runner's from --exp-name on.")
 
 
 # ---------------------------------------------------------------------------- processes
 def use_every_core():
-    """One CPU device per core unless XLA_FLAGS or jax.config chose (XLA runs these programs on
-    about a core per device); the backend that imports started restarts, before any compile."""
+    """A CPU device per core (XLA runs a program on about one) unless XLA_FLAGS or jax chose."""
     if ("xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", "")
             and jax.config.jax_num_cpu_devices < 0 and jax.default_backend() == "cpu"):
         jax.extend.backend.clear_backends()
@@ -578,13 +573,10 @@ def start_processes(args: Args):
 # ---------------------------------------------------------------------------- the sweep
 def segments(args: Args, num_devices: Optional[int] = None, start=None):
     """Train each configuration of grid(args) on args.num_seeds seeds (seed k: the k-th split of
-    PRNGKey(args.seed), whatever the layout): pmap over the most local devices (at most
-    num_devices) that divide this process's runs x vmap, in args.num_segments calls of one
-    program. With --distributed each process trains its contiguous share of the runs. Yields
-    (state, metrics, timing) after each segment: numpy [runs, ...] leaves of every process's
-    runs, configuration-major (metrics [runs, updates so far]). start: a checkpoint's."""
-    configs, seeds = grid(args), args.num_seeds
-    runs = len(configs) * seeds
+    PRNGKey(args.seed)) in args.num_segments calls of one program: pmap over the most devices (at
+    most num_devices) that divide this process's runs x vmap. After each, yields (state, metrics,
+    timing): numpy [runs, ...] leaves of all processes' runs (metrics [runs, updates so far])."""
+    configs, seeds, runs = grid(args), args.num_seeds, len(grid(args)) * args.num_seeds
     share = runs // jax.process_count()  # this process's runs (all of them without --distributed)
     mine = slice(jax.process_index() * share, (jax.process_index() + 1) * share)
     limit = num_devices or jax.local_device_count()
@@ -597,8 +589,7 @@ def segments(args: Args, num_devices: Optional[int] = None, start=None):
     length = -(-train.num_updates // args.num_segments)  # the last segment may run fewer
 
     def advance(hp, runner, valid):
-        """`length` updates, of which only the first `valid` (traced) run: the last, shorter
-        segment is the same program (a branch not taken costs nothing; its rows are dropped)."""
+        """`length` updates, the first `valid` (traced) run: the last, shorter segment too."""
         update = partial(train.update, hp)
         skip = lambda runner: (runner, jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype),
                                                     jax.eval_shape(update, runner)[1]))
@@ -606,20 +597,14 @@ def segments(args: Args, num_devices: Optional[int] = None, start=None):
                             runner, jnp.arange(length))
 
     def gather(tree):
-        """numpy [runs, ...] leaves of every process's share, in process order: with several
-        processes, one transfer per dtype (a leaf each would compile a program each)."""
+        """numpy [runs, ...] leaves of all the processes' runs: with several, one transfer of
+        every leaf's bytes side by side (a transfer per leaf would compile a program each)."""
         leaves, treedef = jax.tree.flatten(jax.device_get(tree))
-        rows = [x.reshape(share, -1) for x in leaves]
+        rows = [np.ascontiguousarray(x).reshape(share, -1).view(np.uint8) for x in leaves]
         if jax.process_count() > 1:
-            kinds = sorted({x.dtype.str for x in rows})
-            blocks = dict(zip(kinds, multihost_utils.process_allgather(
-                [np.concatenate([x for x in rows if x.dtype.str == k], 1) for k in kinds],
-                tiled=True)))
-            at = dict.fromkeys(kinds, 0)
-            for i, x in enumerate(rows):
-                k = x.dtype.str
-                rows[i], at[k] = blocks[k][:, at[k]:at[k] + x.shape[1]], at[k] + x.shape[1]
-        return jax.tree.unflatten(treedef, [r.reshape(runs, *x.shape[2:])
+            rows = np.split(multihost_utils.process_allgather(np.concatenate(rows, 1), tiled=True),
+                            np.cumsum([r.shape[1] for r in rows])[:-1], axis=1)
+        return jax.tree.unflatten(treedef, [r.view(x.dtype).reshape(runs, *x.shape[2:])
                                             for r, x in zip(rows, leaves)])
 
     init = jax.pmap(jax.vmap(train.init), devices=devices)
@@ -662,9 +647,8 @@ def segments(args: Args, num_devices: Optional[int] = None, start=None):
 
 
 def check_memory(args: Args, programs, devices: int):
-    """Refuse, before their first call, programs whose arguments, outputs and temporaries (XLA's
-    estimate, per device) exceed the memory this process can have: on CPU the machine's available
-    memory, shared by its devices; on an accelerator each device's own."""
+    """Refuse programs whose arguments, outputs and temporaries (XLA's estimate) exceed the memory
+    this process can have: on CPU what the machine has available; else each device's own."""
     need = max(m.argument_size_in_bytes + m.output_size_in_bytes + m.temp_size_in_bytes
                - m.alias_size_in_bytes for m in (p.memory_analysis() for p in programs))
     if jax.default_backend() == "cpu":
@@ -699,28 +683,25 @@ def final_returns(metrics, fraction=0.05):
 
 
 def progress(args: Args, metrics, timing) -> str:
-    """After each segment: steps, the mean return of the segment's episodes over every run,
-    the SHOWN metrics, speed."""
-    returns = metrics["episode_return"][:, timing["first"]:]
+    """After each segment: steps, the return of the segment's episodes, the SHOWN metrics, speed."""
+    returns, steps = metrics["episode_return"][:, timing["first"]:], metrics["env_steps"][0]
     finished = np.isfinite(returns).any(1)
-    steps = metrics["env_steps"][0]
-    line = " ".join(
-        [f"return {np.mean([np.nanmean(r) for r in returns[finished]]):8.4g} (episodes of "
-         f"{finished.sum()} of {len(returns)} runs)" if finished.any()
-         else "no episode finished yet"]
-        + [f"{k} {form.format(np.mean(metrics[k][:, -1]))}" for k, form in SHOWN.items()])
-    return (f"[{args.exp_name}] steps {steps[-1]:>12,.0f} / "
-            f"{steps[-1] / len(steps) * timing['num_updates']:,.0f}  {line}  "
+    line = [f"return {np.mean([np.nanmean(r) for r in returns[finished]]):8.4g} (episodes of "
+            f"{finished.sum()} of {len(returns)} runs)" if finished.any()
+            else "no episode finished yet"] + [f"{k} {form.format(np.mean(metrics[k][:, -1]))}"
+                                               for k, form in SHOWN.items()]
+    total = steps[-1] / len(steps) * timing["num_updates"]
+    return (f"[{args.exp_name}] steps {steps[-1]:>12,.0f} / {total:,.0f}  {' '.join(line)}  "
             f"SPS {timing['sps']:,.0f}")
 
 
-def summary(args: Args, metrics, timing) -> str:
-    """metrics: [runs, updates] leaves. One configuration: its seeds' final results; a sweep: a
-    row per configuration, the best (by SCORE) first."""
-    configs = grid(args)
+def summary(args: Args, metrics, timing, evals={}) -> str:
+    """metrics: [runs, updates] leaves; evals: {tag: [runs]}. One configuration: its seeds' final
+    results; a sweep: a row per configuration, the best (by SCORE) first."""
+    configs, shown = grid(args), {**dict.fromkeys(evals, "{:.4g}"), **SHOWN}
     by_config = lambda x: np.asarray(x).reshape(len(configs), args.num_seeds)
     finals = {"episode_return": by_config(final_returns(metrics)),
-              **{k: by_config(metrics[k][:, -1]) for k in SHOWN}}
+              **{k: by_config(evals[k] if k in evals else metrics[k][:, -1]) for k in shown}}
     sweep = f"{len(configs)} configurations x " if len(configs) > 1 else ""
     lines = [f"{args.exp_name} on {args.env_id}: {sweep}{args.num_seeds} seeds x "
              f"{metrics['env_steps'][0, -1]:,.0f} steps", "flags: " + " ".join(  # as resolved
@@ -735,12 +716,12 @@ def summary(args: Args, metrics, timing) -> str:
         return "\n".join(
             [*lines, "final return per seed (last 5% of updates): "
              + " ".join(f"{r:.4g}" for r in returns[0])]
-            + [f"{k} per seed (last update): " + " ".join(form.format(x) for x in finals[k][0])
-               for k, form in SHOWN.items()]
+            + [f"{k} per seed ({'last update' if k in SHOWN else f'{args.eval_episodes} episodes'}"
+               f"): " + " ".join(form.format(x) for x in finals[k][0]) for k, form in shown.items()]
             + [f"mean {np.mean(returns):.4g}  min {np.min(returns):.4g}  |  {timing_line}"])
     varied = [k for k in HPARAMS if len(getattr(args, k)) > 1]
     lines.append(" | ".join(varied + ["final return mean [95% CI over seeds]", "IQM", "worst",
-                                      *SHOWN]))
+                                      *shown]))
     for c in np.argsort(-finals[SCORE].mean(1), kind="stable"):
         x = returns[c]  # this configuration's seeds: bootstrap their mean; IQM: the middle half
         resamples = np.random.default_rng(c).integers(0, len(x), (2000, len(x)))
@@ -749,21 +730,19 @@ def summary(args: Args, metrics, timing) -> str:
         lines.append(" | ".join(
             [f"{configs[c][k]:g}" for k in varied]
             + [f"{x.mean():.4g} [{ci[0]:.4g}, {ci[1]:.4g}]", f"{iqm:.4g}", f"{x.min():.4g}"]
-            + [form.format(finals[k][c].mean()) for k, form in SHOWN.items()]))
+            + [form.format(finals[k][c].mean()) for k, form in shown.items()]))
     return "\n".join(lines + [timing_line])
 
 
 def config_dirs(run_dir, args: Args) -> list:
-    """(arguments, directory) of each configuration: the run directory, or in a sweep one
-    sub-directory per configuration, named by its values of the swept flags."""
+    """(arguments, directory) of each configuration: in a sweep, one named by its swept values."""
     return [(dataclasses.replace(args, **{k: (v,) for k, v in config.items()}), os.path.join(
         run_dir, "__".join(f"{k}={v:g}" for k, v in config.items() if len(getattr(args, k)) > 1)))
         for config in grid(args)]
 
 
 class Tensorboard:
-    """Event files written with the tensorboard package alone (no torch, no tensorflow), one per
-    run (seed_k), appended after each segment: `tensorboard --logdir` shows the run live."""
+    """Event files by the tensorboard package alone, one per run, appended after each segment."""
     TAGS = {"episode_return": "charts/episodic_return", "episode_length": "charts/episodic_length"}
 
     def __init__(self, run_dir, args: Args, done):  # done: the env_steps already written
@@ -771,8 +750,7 @@ class Tensorboard:
         self.paths, self.written = [], done.shape[1]
         for one, config_dir in config_dirs(run_dir, args):
             table = "|param|value|\n|-|-|\n" + "\n".join(f"|{k}|{v}|" for k, v in vars(one).items())
-            # A resumed run starts a new file, whose START event makes TensorBoard drop what the
-            # stopped run wrote after its checkpoint: no step appears twice.
+            # A resumed run's file opens with START: TensorBoard hides the stopped run's later steps
             first = Event(step=int(done[0, -1]) + 1, session_log=SessionLog(
                 status=SessionLog.START)) if done.size else Event(
                 summary=text_pb("hyperparameters", table))
@@ -791,8 +769,9 @@ class Tensorboard:
         except OSError as e:
             raise OSError(e.errno, e.strerror, path) from None
 
-    def write(self, metrics, sps):
-        """Append the updates of `metrics` ([runs, updates so far]) not written yet."""
+    def write(self, metrics, last: dict):
+        """Append the updates of `metrics` ([runs, updates so far]) not written yet, and the
+        values of `last` ({tag: [runs]}: speed, evaluation) at each run's last step."""
         new = {k: v[:, self.written:] for k, v in metrics.items()}
         self.written, steps = metrics["env_steps"].shape[1], new.pop("env_steps")
         scalar = lambda tag, value, step: Event(step=int(step), summary=Summary(value=[
@@ -801,7 +780,7 @@ class Tensorboard:
         for r, path in enumerate(self.paths):
             self.append(path, [scalar(k, v[r, i], step) for i, step in enumerate(steps[r])
                                for k, v in new.items() if np.isfinite(v[r, i])]
-                        + [scalar("charts/SPS", sps, steps[r, -1])])
+                        + [scalar(k, v[r], metrics["env_steps"][r, -1]) for k, v in last.items()])
 
 
 def write_atomic(path, data: bytes):
@@ -824,8 +803,7 @@ os.umask(UMASK)
 
 
 def write_checkpoint(run_dir, args: Args, state, metrics, num_updates):
-    """run_dir/checkpoint.msgpack: the arguments, every run's state and metrics, behind their
-    SHA-256 (flax.serialization: orbax's sharded, asynchronous machinery buys nothing here)."""
+    """run_dir/checkpoint.msgpack: the arguments, every run's state and metrics, after a SHA-256."""
     data = flax.serialization.msgpack_serialize({
         "format": FORMAT, "file": os.path.basename(__file__), "num_updates": num_updates,
         "args": json.dumps(dataclasses.asdict(args)), "metrics": metrics,
@@ -834,42 +812,47 @@ def write_checkpoint(run_dir, args: Args, state, metrics, num_updates):
 
 
 FORMAT = 1  # of checkpoint.msgpack: a file reads the format it writes, and refuses others
-# Flags a resumed run may change: they do not change what it computes.
-RESUME_MAY_CHANGE = ("track", "log_dir", "exp_name", "save_model", "capture_gif",
-                     "compile_cache_dir", "resume", "distributed", "coordinator_address",
-                     "num_processes", "process_id", *(f.name for f in dataclasses.fields(Drawing)))
+# Flags that --resume and --load-model may change, which do not change what is computed: the
+# runner's, but these. Typed, they win; else the saved value holds, but for this process's own.
+RESUME_MAY_CHANGE = {f.name for f in dataclasses.fields(Args)} - {
+    f.name for f in dataclasses.fields(Hyperparams)} - {"seed", "num_seeds", "num_segments"}
+THIS_PROCESS = ("resume", "load_model", "compile_cache_dir", "distributed", "coordinator_address",
+                "num_processes", "process_id")
 
 
-def read_checkpoint(args: Args, argv) -> tuple:
-    """(arguments, checkpoint) of the run that --resume continues: the checkpoint's arguments,
-    where a flag typed on the command line may change only what does not change the results."""
+def read_saved(args: Args, argv) -> tuple:
+    """(arguments, contents) of --resume's checkpoint or --load-model's model: the saved arguments,
+    but for the typed flags of RESUME_MAY_CHANGE (the others must agree)."""
+    name, path = ("--resume", os.path.join(args.resume, "checkpoint.msgpack")) if args.resume \
+        else ("--load-model", args.load_model)
     try:
-        with open(os.path.join(args.resume, "checkpoint.msgpack"), "rb") as f:
-            digest, data = f.read(32), f.read()
-        if hashlib.sha256(data).digest() != digest:
+        with open(path, "rb") as f:
+            digest, data = (f.read(32), f.read()) if args.resume else (None, f.read())
+        if digest and hashlib.sha256(data).digest() != digest:
             raise ValueError("its checksum does not match: the file is damaged")
-        checkpoint = flax.serialization.msgpack_restore(data)
+        saved = flax.serialization.msgpack_restore(data)
+        if not isinstance(saved, dict) or "args" not in saved:
+            raise ValueError("it holds no arguments")
     except (OSError, ValueError) as e:
-        raise ArgError(f"--resume {args.resume}: no usable checkpoint ({e})") from None
-    if checkpoint.get("format") != FORMAT:
-        raise ArgError(f"--resume {args.resume}: its checkpoint has format "
-                       f"{checkpoint.get('format', 0)}; this file reads format {FORMAT}")
-    saved, ours = json.loads(checkpoint["args"]), {f.name for f in dataclasses.fields(Args)}
-    if set(saved) != ours:
-        raise ArgError(f"--resume {args.resume}: written by {checkpoint['file']}, whose flags "
-                       f"differ from this file's ({', '.join(sorted(set(saved) ^ ours))})")
-    finished = checkpoint["metrics"]["env_steps"].shape[1] >= checkpoint["num_updates"]
+        raise ArgError(f"{name} {path}: not a usable file ({e})") from None
+    if saved.get("format", 0) != FORMAT:
+        raise ArgError(f"{name} {path}: its format is {saved.get('format', 0)}; this file reads "
+                       f"format {FORMAT}")
+    flags, ours = json.loads(saved["args"]), {f.name for f in dataclasses.fields(Args)}
+    if set(flags) != ours:
+        raise ArgError(f"{name} {path}: written by {saved['file']}, whose flags differ from this "
+                       f"file's ({', '.join(sorted(set(flags) ^ ours))})")
     typed = {a.split("=")[0] for a in argv}
-    for k, v in saved.items():
+    for k, v in flags.items():
         if (k not in RESUME_MAY_CHANGE and flag(k) in typed
                 and json.loads(json.dumps(getattr(args, k))) != v):
-            raise ArgError(f"{flag(k)} differs from the checkpoint's {v}: --resume continues the "
-                           "run as it was started")
-    if finished:
+            raise ArgError(f"{flag(k)} differs from the saved {v}: {name} takes the run as it "
+                           "was started")
+    if args.resume and saved["metrics"]["env_steps"].shape[1] >= saved["num_updates"]:
         raise ArgError(f"--resume {args.resume}: that run is finished (no update left)")
     as_tuples = lambda v: tuple(map(as_tuples, v)) if isinstance(v, list) else v
-    return dataclasses.replace(args, **{k: as_tuples(v) for k, v in saved.items()
-                                        if k not in RESUME_MAY_CHANGE}), checkpoint
+    return dataclasses.replace(args, **{k: as_tuples(v) for k, v in flags.items() if not (
+        k in THIS_PROCESS or k in RESUME_MAY_CHANGE and flag(k) in typed)}), saved
 
 
 def undrawable(env_id) -> Optional[str]:
@@ -887,33 +870,78 @@ def undrawable(env_id) -> Optional[str]:
     return None if hasattr(gif, "im") else "gymnax has no drawing of it"
 
 
-def capture_gif(path, args: Args, state):
-    """An episode of the first run's greedy policy (`act`), drawn by gymnax's Visualizer."""
+def play(args: Args, runner, key, episodes: int, greedy: bool):
+    """`episodes` fresh episodes of one run's policy (act: greedy, or sampled) to the time limit:
+    per step [T, episodes], the env states before it, its rewards, whether the episode had ended."""
     import gymnax
-    from gymnax.visualize import Visualizer
     env, env_params = gymnax.make(args.env_id)
-    act, first = make_train(args).act, jax.tree.map(lambda x: x[0], state)
+    act, vstep = make_train(args).act, jax.vmap(env.step, in_axes=(0, 0, 0, None))
 
     def step(carry, key):
-        obs, env_state, done = carry
-        obs, next_state, reward, terminated, truncated, _ = env.step(
-            key, env_state, act(first, obs[None])[0], env_params)
-        return (obs, next_state, done | terminated | truncated), (env_state, reward, done)
+        obs, env_state, ended = carry
+        k_act, k_env = jax.random.split(key)
+        obs, next_state, reward, terminated, truncated, _ = vstep(
+            jax.random.split(k_env, episodes), env_state,
+            act(runner, obs, None if greedy else k_act), env_params)
+        return (obs, next_state, ended | terminated | truncated), (env_state, reward, ended)
 
-    keys = jax.random.split(jax.random.PRNGKey(args.seed), env_params.max_steps_in_episode + 1)
-    _, (states, rewards, done) = jax.lax.scan(step, (*env.reset(keys[0], env_params), False),
-                                              keys[1:])
-    frames = int(np.argmax(done)) if done.any() else len(done)  # steps of the first episode
-    Visualizer(env, env_params, [jax.tree.map(lambda x: x[t], states) for t in range(frames)],
-               np.cumsum(rewards[:frames])).animate(path)
+    keys = jax.random.split(key, env_params.max_steps_in_episode + 1)
+    obs, env_state = jax.vmap(env.reset, in_axes=(0, None))(
+        jax.random.split(keys[0], episodes), env_params)
+    return jax.lax.scan(step, (obs, env_state, jnp.zeros(episodes, bool)), keys[1:])[1]
+
+
+def evaluator(args: Args):
+    """One configuration's final states ([seeds, ...] leaves) -> each seed's mean return over
+    --eval-episodes fresh episodes, greedy and sampled (one jitted call); None without `act`."""
+    if not (args.eval_episodes and hasattr(make_train(args), "act")):
+        return None
+
+    def mean_return(runner, key, greedy):
+        _, rewards, ended = play(args, runner, key, args.eval_episodes, greedy)
+        return jnp.where(ended, 0.0, rewards).sum(0).mean()
+
+    scores = jax.jit(jax.vmap(lambda runner, key: {
+        f"eval/episodic_return_{kind}": mean_return(runner, k, kind == "greedy")
+        for kind, k in zip(("greedy", "sampled"), jax.random.split(key))}))
+    keys = jax.random.split(jax.random.fold_in(jax.random.PRNGKey(args.seed), 1), args.num_seeds)
+    return lambda state: jax.device_get(scores(state, keys))
+
+
+def capture_gif(path, args: Args, state):
+    """An episode of the first run's greedy policy, drawn by gymnax's Visualizer."""
+    import gymnax
+    from gymnax.visualize import Visualizer
+    states, rewards, ended = play(args, jax.tree.map(lambda x: x[0], state),
+                                  jax.random.PRNGKey(args.seed), 1, True)
+    frames = int(np.argmax(ended[:, 0])) if ended.any() else len(ended)  # the episode's steps
+    Visualizer(*gymnax.make(args.env_id), [jax.tree.map(lambda x: x[t, 0], states)
+                                           for t in range(frames)],
+               np.cumsum(rewards[:frames, 0])).animate(path)
     return path
 
 
 def save_model(model_dir, args: Args, state):
     """Atomically write the file's `model` of every seed, and the arguments, to model.msgpack."""
     write_atomic(os.path.join(model_dir, "model.msgpack"), flax.serialization.msgpack_serialize(
-        {"args": json.dumps(dataclasses.asdict(args)), **model(state)}))
+        {"format": FORMAT, "file": os.path.basename(__file__),
+         "args": json.dumps(dataclasses.asdict(args)), **model(state)}))
     return os.path.join(model_dir, "model.msgpack")
+
+
+def load_model(args: Args, saved):
+    """Each seed's state from a saved model: init's, with the leaves `model` picks replaced."""
+    hp = {k: jnp.full(args.num_seeds, getattr(args, k)[0], jnp.float32) for k in HPARAMS}
+    leaves, treedef = jax.tree.flatten(jax.vmap(make_train(args).init)(
+        jax.random.split(jax.random.PRNGKey(args.seed), args.num_seeds), hp))
+    where = model(jax.tree.unflatten(treedef, range(len(leaves))))  # leaf indices, as saved
+    mine = {k: saved.get(k) for k in where}
+    if jax.tree.structure(mine) != jax.tree.structure(where) or any(
+            np.shape(x) != leaves[i].shape for i, x in zip(*map(jax.tree.leaves, (where, mine)))):
+        raise ArgError(f"--load-model {args.load_model}: its model does not fit this file's")
+    for i, x in zip(*map(jax.tree.leaves, (where, mine))):
+        leaves[i] = x
+    return jax.tree.unflatten(treedef, leaves)
 
 
 # ---------------------------------------------------------------------------- main
@@ -931,14 +959,19 @@ def stop_after_segment(signum, frame):
 
 
 def train_and_write(args: Args, checkpoint, run_dir, writer):
-    """The sweep, segment by segment: progress, events and a checkpoint after each, then the
-    models and pictures of every configuration and the summary."""
+    """The sweep: progress, events and a checkpoint after each segment; then evaluation, files."""
     start = checkpoint and (checkpoint["state"], checkpoint["metrics"])
     board = writer and args.track and Tensorboard(
         run_dir, args, start[1]["env_steps"] if start else np.zeros((1, 0)))
+    pick = lambda tree, c: jax.tree.map(lambda x: x[c * args.num_seeds:][:args.num_seeds], tree)
+    evaluate = writer and evaluator(args)  # each configuration's seeds: one program for all
+    scores = lambda state: evaluate and jax.tree.map(lambda *x: np.concatenate(x), *(
+        evaluate(pick(state, c)) for c in range(len(grid(args))))) or {}
     for state, metrics, timing in segments(args, start=start):
+        evals = scores(state) if args.eval_every_segment else {}
         if board:
-            board.write(metrics, timing["sps"])
+            board.write(metrics, {"charts/SPS": [timing["sps"]] * len(metrics["env_steps"]),
+                                  **evals})
         if writer:
             write_checkpoint(run_dir, args, state, metrics, timing["num_updates"])
             print(progress(args, metrics, timing), flush=True)
@@ -950,28 +983,44 @@ def train_and_write(args: Args, checkpoint, run_dir, writer):
             sys.exit(128 + int(stop.max()))  # 130 after Ctrl-C, 143 after SIGTERM
     if not writer:
         return
-    pick = lambda tree, c: jax.tree.map(lambda x: x[c * args.num_seeds:][:args.num_seeds], tree)
+    if not args.eval_every_segment and (evals := scores(state)) and board:
+        board.write(metrics, evals)
     for c, (one, config_dir) in enumerate(config_dirs(run_dir, args)):
         os.makedirs(config_dir, exist_ok=True)
-        mine = pick(state, c)
-        saved = [save_model(config_dir, one, mine)] if args.save_model else []
-        if args.capture_gif:
-            saved.append(capture_gif(os.path.join(config_dir, "episode.gif"), one, mine))
-        for path in saved + draw(config_dir, one, mine):
-            print(f"saved {path}")
-    print(summary(args, metrics, timing))
+        write_files(config_dir, one, pick(state, c), args.save_model)
+    print(summary(args, metrics, timing, evals))
+
+
+def write_files(folder, args: Args, state, saving: bool):
+    """One configuration's model (if saving), GIF (if asked) and the file's pictures."""
+    paths = [save_model(folder, args, state)] if saving else []
+    if args.capture_gif:
+        paths.append(capture_gif(os.path.join(folder, "episode.gif"), args, state))
+    for path in paths + draw(folder, args, state):
+        print(f"saved {path}")
+
+
+def play_back(args: Args, saved):
+    """--load-model: the saved policy of each seed, evaluated and drawn, as after training."""
+    state, evaluate = load_model(args, saved), evaluator(args)
+    print(f"{args.exp_name} on {args.env_id}: {args.num_seeds} seeds of {args.load_model}")
+    write_files(os.path.dirname(args.load_model), args, state, saving=False)
+    for k, v in (evaluate(state) if evaluate else {}).items():
+        print(f"{k} per seed ({args.eval_episodes} episodes): "
+              + " ".join(f"{x:.4g}" for x in v))
 
 
 def main():
     use_every_core()
     try:
         args = validate(parse(sys.argv[1:]))
-        args, checkpoint = read_checkpoint(args, sys.argv[1:]) if args.resume else (args, None)
+        args, saved = read_saved(args, sys.argv[1:]) if args.resume or args.load_model else (
+            args, None)
         start_processes(args)
         run_dir = args.resume or os.path.join(
             args.log_dir, f"{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}")
         writer = jax.process_index() == 0  # --distributed: process 0 alone writes and prints
-        if writer:
+        if writer and not args.load_model:
             os.makedirs(run_dir, exist_ok=True)  # before anything compiles: --log-dir must work
     except (ArgError, OSError) as e:
         print(f"error: {e if isinstance(e, ArgError) else f'--log-dir: {e}'}", file=sys.stderr)
@@ -982,15 +1031,18 @@ def main():
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, stop_after_segment)
     try:
-        train_and_write(args, checkpoint, run_dir, writer)
+        if args.load_model:
+            play_back(args, saved)
+        else:
+            train_and_write(args, saved, run_dir, writer)
     except ArgError as e:  # the memory check, or a checkpoint this file cannot continue
         if writer and not args.resume:
             shutil.rmtree(run_dir, ignore_errors=True)
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
     except OSError as e:  # a file that cannot be written: no space left, no permission...
-        print(f"error: cannot write {e.filename}: {e.strerror} (the last checkpoint in {run_dir} "
-              "is intact)", file=sys.stderr)
+        print(f"error: cannot write {e.filename}: {e.strerror}" + ("" if args.load_model else
+              f" (the last checkpoint in {run_dir} is intact)"), file=sys.stderr)
         sys.exit(74)  # EX_IOERR
 
 

@@ -102,12 +102,12 @@ def read_scalars(run_dir, tag):
 def assert_learns(module, spec):
     """One row of a learning table: the derived budget is within `budget`, the seeds' final
     returns reach `mean` (and `worst` for every seed), and the last 10% of updates score at least
-    `rise` above the first 10%."""
+    `rise` above the first 10%. Returns (args, final states, final returns)."""
     import numpy as np
 
     args = module.validate(module.Args(num_seeds=spec["seeds"], track=False, **spec["args"]))
     assert args.total_timesteps <= spec["budget"]
-    _, metrics, _ = module.run(args)
+    state, metrics, _ = module.run(args)
     finals = module.final_returns(metrics)
     assert finals.shape == (spec["seeds"],)
     assert finals.mean() >= spec["mean"], finals
@@ -117,6 +117,7 @@ def assert_learns(module, spec):
     tenth = max(1, returns.shape[1] // 10)
     first, last = np.nanmean(returns[:, :tenth]), np.nanmean(returns[:, -tenth:])
     assert last - first >= spec["rise"], (first, last)
+    return args, state, finals
 
 
 def record_gae_inputs_with_short_episodes(module, monkeypatch, episode_steps=5):

@@ -101,7 +101,7 @@ def test_live_check_reads_the_scalars_ppo_appends_while_it_runs(tmp_path):
     assert bench_long_runs.scalar_steps(tmp_path) == []
     segment = lambda *steps: {"env_steps": np.array([steps, steps]), "episode_return": np.full(
         (2, len(steps)), 20.0), "loss/value": np.full((2, len(steps)), 0.5)}
-    board.write(segment(2048, 4096), sps=1e5)
+    board.write(segment(2048, 4096), {"charts/SPS": [1e5, 1e5]})
     assert sorted(set(bench_long_runs.scalar_steps(tmp_path))) == [2048, 4096]
     torn = io.BytesIO()
     RecordWriter(torn).write(b"x" * 100)

@@ -248,13 +248,13 @@ def test_segments_change_at_most_rounding_and_compile_once():
 
 def test_ppo_state_resumes_from_its_checkpoint_bit_for_bit(tmp_path):
     """ppo's whole state (parameters, Adam's moments and count, normalisation statistics, env
-    states, keys) through write_checkpoint and read_checkpoint after segment 3 of 10: the
+    states, keys) through write_checkpoint and read_saved after segment 3 of 10: the
     remaining segments end exactly where the uninterrupted run does."""
     args = ppo.validate(ppo.Args(num_segments=10, **TINY))  # the program of the test above
     runs = list(ppo.segments(args))
     (state, metrics, timing), (final_state, final, _) = runs[2], runs[-1]
     ppo.write_checkpoint(str(tmp_path), args, state, metrics, timing["num_updates"])
-    resumed_args, checkpoint = ppo.read_checkpoint(
+    resumed_args, checkpoint = ppo.read_saved(
         dataclasses.replace(args, resume=str(tmp_path)), ["--resume", str(tmp_path)])
     assert dataclasses.replace(resumed_args, resume=None) == args
     *_, (resumed_state, resumed, _) = ppo.segments(
