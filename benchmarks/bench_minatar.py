@@ -5,13 +5,14 @@
     python benchmarks/run.py --only minatar [--quick]      # writes MINATAR.md
 
 Each game is the command a user types, `python algos/ppo.py --env-id <game>` (ppo.py's MINATAR
-preset: 4 seeds x 3M steps, 64 envs x 128 steps, 2 x 64 relu MLP), run in its own process with
-an empty compilation cache (common.run_command: the file's own main(), --no-track, a temporary
---log-dir), so the whole-process time is what a new user waits, compile included. The final
-return of a seed is the mean episode return over the last 5% of updates (ppo.final_returns);
-the published numbers are the gymnax README's PPO returns of gymnax-blines' checkpoints (10M
-steps: PUBLISHED below). Time to target: the first bin of the learning curve (100 bins of
-updates) whose mean over the seeds reached the published return.
+preset: 4 seeds x 3M steps, 64 envs x 128 steps, 2 x 64 relu MLP: PureJaxRL's MinAtar notebook
+configuration without its value-loss clipping and at 3M steps, PRESET_SOURCE below), run in its
+own process with an empty compilation cache (common.run_command: the file's own main(),
+--no-track, a temporary --log-dir), so the whole-process time is what a new user waits, compile
+included. The final return of a seed is the mean episode return over the last 5% of updates
+(ppo.final_returns); the published numbers are the gymnax README's PPO returns of gymnax-blines'
+checkpoints (10M steps, another configuration: PUBLISHED below). Time to target: the first bin of
+the learning curve (100 bins of updates) whose mean over the seeds reached the published return.
 
 Not part of the default `benchmarks/run.py` run: MINATAR.md records how long it took (the four
 games' processes, each with its cold compile, and the two small tasks); run it alone.
@@ -53,6 +54,19 @@ BLINES_CONFIG = ("64 envs x 128 steps, 8 minibatches x 4 epochs, 2 x 256 relu ML
                  "lambda 0.95, clip 0.2, entropy 0.01, value 0.5, grad norm 0.5")
 PUREJAXRL_PLOT = ("https://github.com/luchris429/purejaxrl/blob/"
                   "31756b197773a52db763fdbe6d635e4b46522a73/docs/minatar_plot_seconds.png")
+PUREJAXRL_NOTEBOOK = ("https://github.com/luchris429/purejaxrl/blob/"
+                      "146b4856d593bcb4114b9c9fdb45798034696551/examples/brax_minatar.ipynb")
+# Where the preset's values come from, and what we changed (ppo.py's PRESETS says the same).
+PRESET_SOURCE = (
+    "The preset's values are PureJaxRL's MinAtar configuration "
+    f"([examples/brax_minatar.ipynb]({PUREJAXRL_NOTEBOOK}): 64 envs x 128 steps, 8 minibatches "
+    "x 4 epochs, Adam lr 5e-3 annealed to 0, 2 x 64 relu MLP on the flattened grid, gamma 0.99, "
+    "lambda 0.95, clip 0.2, entropy 0.01, value 0.5, grad norm 0.5; one run of 10M steps on "
+    "SpaceInvaders-MinAtar), with two changes: no value-loss clipping (the notebook clips the "
+    "value loss at 0.2; `--clip-vloss` restores it) and a budget of 3M steps per seed instead "
+    "of 10M (and ppo.py bootstraps through time-limit truncations, which the notebook treats "
+    "as terminations). gymnax-blines' configuration, which produced the published returns "
+    "below, differs (2 x 256, lr 5e-4, gamma 0.999, 10M steps).")
 
 
 def resolved(config: dict) -> dict:
@@ -171,7 +185,8 @@ def run(quick: bool = False, network: str | None = None) -> str:
         "## MinAtar: ppo.py's preset beside the published PPO returns" + (
             f" (--network {network})" if network else ""),
         f"Each game as typed: `{command}`, one process per game, an empty compilation cache. "
-        f"The preset as ppo.py resolves it: {preset}. Final return: the mean episode return "
+        f"The preset as ppo.py resolves it: {preset}. {PRESET_SOURCE} "
+        "Final return: the mean episode return "
         "over the last 5% of updates of each seed; CI: percentile bootstrap over the seeds. "
         "Target (issue 20, in bold: Breakout-MinAtar and SpaceInvaders-MinAtar; Asterix and "
         "Freeway held to the same rule at their published numbers, for reference): the mean "
@@ -183,13 +198,15 @@ def run(quick: bool = False, network: str | None = None) -> str:
         + (". Quick: numbers that check the pipeline, not the algorithm." if quick else "."),
         common.md_table(headers, rows),
         "Published PPO returns for the same gymnax envs. gymnax-blines trains one run per game "
-        f"with the same configuration for all four ({BLINES_CONFIG}) and scores the final "
+        f"with the same configuration for all four ({BLINES_CONFIG}; not our preset's) and "
+        "scores the final "
         "policy on 164 episodes with sampled actions; ours is the return of the training "
         f"episodes in the last 5% of updates (also sampled actions), {args.num_seeds} seeds.",
         common.md_table(["game", "published PPO return", "steps", "source"], sources),
         f"Also: PureJaxRL's Breakout plot ([docs/minatar_plot_seconds.png]({PUREJAXRL_PLOT}), "
-        "its README) ends near 40 for its JAX PPO, read off the plot (it states no budget; "
-        "the repository's MinAtar notebook trains 10M steps with a 64-wide MLP)."]
+        "its README) ends near 40 for its JAX PPO, read off the plot (it states no budget nor "
+        "configuration; the repository's MinAtar notebook, our preset's source, trains 10M "
+        "steps)."]
     if plot:
         text.append(f"![MinAtar learning curves]({plot.name})")
     return "\n\n".join(text + ([] if quick or network else [small_tasks()]))

@@ -24,16 +24,22 @@ Time budget of the full run on 2 cores, in seconds (estimated from measurements 
 machine; RESULTS.md ends with each section's real time):
 
     section     processes  est. s  what, and where the estimate comes from
-    commands        11      260    5 commands x 8 seeds, cold and warm: ppo.py 17 + 14 s, Pendulum
+    commands        11      300    5 commands x 8 seeds, cold and warm: ppo.py 17 + 14 s, Pendulum
                                    ~50 + 45 s (16 envs x 256 steps x 10 epochs), vpg.py ~30 s,
                                    VPG Pendulum ~35 s, q_learning ~10 s; ppo.py's implementation
-                                   choices undone (3 programs x 2 runs of ~7 s + compiles) ~70 s
+                                   choices undone (3 programs x (a warm-up run + 3 timed runs) of
+                                   ~7 s, + compiles) ~110 s
     robustness       6      660    6 commands x 64 seeds (4 of them: 287 s together; ppo ~70 s;
                                    ppo.py --num-envs 2048 ~4.5 s per seed: ~300 s)
-    q_learning      11      125    a process per agent count: ~6 s start and compile + 4 runs;
-                                   memory 2 x 8 s; small loops 2 x 12 s; implementation 25 s
+    q_learning      11      150    a process per agent count: ~6 s start and compile + 4 runs;
+                                   the numpy baselines (one process, 4 runs each, a run: the
+                                   loop ~0.5 s, vectorised 1024 and 8192 agents ~3 s) ~25 s;
+                                   memory 2 x 8 s;
+                                   small loops 2 x 12 s; implementation 25 s
     is_eval          8      230    is_eval.py as typed ~100 s, in-sample sweep ~60 s, speed ~70 s
-    total           36     1275    under 25 minutes (1500 s), ~4 minutes to spare
+    total           36     1340    under 25 minutes (1500 s), ~2.5 minutes to spare (the last full
+                                   run measured 1420 s before the numpy baselines and the choices'
+                                   timed runs were added: about 1490 s expected)
     minatar          5    ~1500    optional (--only minatar), outside the total: 4 games x 4
                                    seeds x 2M steps = 32M steps at ~25k steps/s (the issue 20
                                    probe's rate, Breakout) ~1300 s, 4 cold compiles and starts
@@ -43,7 +49,10 @@ Cold and warm: "cold" figures come from an empty compilation cache (the process 
 ones from the cache the cold run of the same command filled; every robustness sweep and the
 is_eval.py run are cold. Nothing is trained twice: the robustness sweeps are the learning
 curves, the commands table's PPO processes are the peers table's "ours". Steady-state rates are
-medians of 3 after a warm-up.
+medians of 3 after a warm-up (the commands table's rows are single runs, cold and warm: what a
+user's first and second run take). JAX caches only programs whose compile took 1 s or more
+(jax_persistent_cache_min_compile_time_secs): a warm row whose program compiled faster compiled
+again, and says so.
 """
 import argparse
 import sys
