@@ -234,6 +234,14 @@ def run_as_typed(name: str, flags: list[str], folder: Path = ALGOS) -> dict:
             return state, metrics, timing
 
         algo.run = run
+    if hasattr(algo, "evaluator"):  # the end-of-training evaluation, as the summary gets it
+        inner_summary = algo.__dict__.setdefault("unwrapped_summary", algo.summary)
+
+        def summary(args, metrics, timing, evals={}):
+            kept["evals"] = {k: np.asarray(v) for k, v in evals.items()}
+            return inner_summary(args, metrics, timing, evals)
+
+        algo.summary = summary
     with tempfile.TemporaryDirectory() as log_dir:
         sys.argv = [str(Path(folder) / f"{name}.py"), *flags, "--log-dir", log_dir]
         algo.main()
@@ -267,8 +275,12 @@ def command_worker(config: dict) -> dict:
     with np.errstate(all="ignore"):  # a bin in which no episode finished is NaN
         curves = np.stack([np.nanmean(score[..., b], axis=-1) for b in bins], axis=-1)
     steps = metrics["env_steps"][0, 0]
+    # The evaluation's mean return per configuration and seed: "greedy" and "sampled" ({} if none).
+    evals = {k.rsplit("_", 1)[-1]: np.asarray(v, np.float64).reshape(lead).tolist()
+             for k, v in kept.get("evals", {}).items()}
     return {
-        "configs": configs, "final": final.tolist(),
+        "configs": configs, "final": final.tolist(), "evals": evals,
+        "eval_episodes": getattr(args, "eval_episodes", 0),
         "reach_fraction": reach_fraction(score, config["threshold"]).tolist(),
         "curve_steps": [float(steps[b[-1]]) for b in bins],
         "curves": [[[None if np.isnan(v) else v for v in seed] for seed in c] for c in curves],

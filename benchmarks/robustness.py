@@ -39,6 +39,9 @@ PANELS = {"CartPole-v1": ("ppo", "vpg"), "Pendulum-v1": ("ppo_pendulum", "vpg_pe
 QUICK = {"ppo": ["--total-timesteps", "16384"]}  # --quick: these commands, tiny budgets
 
 
+NO_EVALUATION = "none: greedy_optimal is exact"
+
+
 def solved_by(reach_s) -> str:
     """'41.2' (every seed reached the threshold by then), or how many did and the last of them."""
     solve_s, reached = common.solve_time(reach_s)
@@ -51,12 +54,15 @@ def solved_by(reach_s) -> str:
 def rows_for(name: str, result: dict, threshold: float, candidates: bool) -> list:
     rows, configs = [], result["configs"]
     varied = [k for k in configs[0] if len({c[k] for c in configs}) > 1]
-    for config, final, reach_s in zip(configs, result["final"], result["reach_s"]):
+    for c, (config, final, reach_s) in enumerate(zip(configs, result["final"],
+                                                      result["reach_s"])):
         final = np.asarray(final)
         row = [f"`{result['command']}`", f"{result['total_timesteps']:,}", len(final),
                f"{threshold:g}", f"{np.sum(final >= threshold)}/{len(final)}",
                f"{final.min():.4g}", common.with_ci(final, common.iqm),
-               common.with_ci(final), solved_by(reach_s)]
+               common.with_ci(final),
+               *[common.with_ci(result["evals"][kind][c]) if result["evals"] else NO_EVALUATION
+                 for kind in ("sampled", "greedy")], solved_by(reach_s)]
         if candidates:
             row.insert(1, ", ".join(f"{k} {config[k]:g}" for k in varied))
         else:
@@ -112,6 +118,8 @@ def run(quick: bool = False, names=None, seeds: int | None = None,
         rows += rows_for(name, result, threshold, candidates)
     headers = ["command", "steps per seed", "seeds", "threshold", "final score >= threshold",
                "worst seed", "IQM [95% CI]", "mean [95% CI]",
+               "evaluation, sampled actions: mean [95% CI]",
+               "evaluation, greedy actions: mean [95% CI]",
                "every seed reached the threshold by (s, whole process, cold cache)"]
     if candidates:
         headers.insert(1, "configuration")
@@ -122,7 +130,10 @@ def run(quick: bool = False, names=None, seeds: int | None = None,
             "mean episode return over the last 5% of updates (q_learning: the final "
             "greedy_optimal, the fraction of states whose greedy action is optimal, averaged "
             "over the agents of a seed). Thresholds: CartPole-v1 475, Pendulum-v1 -250, "
-            "q_learning 1.0. CIs: percentile bootstrap over seeds. Reached by: from "
+            "q_learning 1.0. Evaluation: each seed's final policy on the file's default 64 "
+            "fresh episodes, sampled and most likely actions (q_learning has none: its "
+            "greedy_optimal is exact, against Q*). CIs: percentile bootstrap over seeds. "
+            "Reached by: from "
             "the process's launch to the end of the update in which the last seed's per-update "
             "score first reached the threshold.",
             common.md_table(headers, rows)]

@@ -78,6 +78,13 @@ def scores(cell, row):
     return lo <= interval(cell)[0] and interval(cell)[2] <= hi
 
 
+def evaluation(cell, row):
+    """An evaluation's returns are scores (q_learning has none: its greedy_optimal is exact)."""
+    if "q_learning.py" in row["command"]:
+        return cell == "none: greedy_optimal is exact"
+    return scores(cell, row)
+
+
 def worst_seed(cell, row):
     mean = row.get("final score, mean [95% CI]") or row["mean [95% CI]"]
     lo, hi = score_range(row)
@@ -132,6 +139,8 @@ RULES = {
     "every seed reached the threshold by (s, whole process, cold cache)": reached_by,
     "final score, mean [95% CI]": scores,
     "mean [95% CI]": scores,
+    "evaluation, sampled actions: mean [95% CI]": evaluation,
+    "evaluation, greedy actions: mean [95% CI]": evaluation,
     "IQM [95% CI]": scores,
     "worst seed": worst_seed,
     "steps per seed": lambda cell, row: count(cell) > 0,
