@@ -81,8 +81,7 @@ CONTINUOUS = dict(DISCRETE, num_envs=8, num_steps=32, learning_rate=2.5e-3, gamm
                   normalize_reward=True)
 PRESETS = {"discrete": DISCRETE, "box": CONTINUOUS, "CartPole-v1": DISCRETE,
            "Pendulum-v1": CONTINUOUS}
-# The float hyperparameters, which change no array shape nor loop length, and the rule of each:
-# several values sweep their grid, and train() takes them as traced values, not constants.
+# The float hyperparameters (no shape nor loop length: train() traces them, a sweep is one program)
 UNIT, NON_NEGATIVE = ("in [0, 1]", lambda x: 0 <= x <= 1), (">= 0", lambda x: x >= 0)
 HPARAMS = dict(learning_rate=("> 0", lambda x: x > 0), gamma=UNIT, gae_lambda=UNIT,
                ent_coef=NON_NEGATIVE, max_grad_norm=NON_NEGATIVE)
