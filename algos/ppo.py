@@ -870,9 +870,9 @@ def undrawable(env_id) -> Optional[str]:
     return None if hasattr(gif, "im") else "gymnax has no drawing of it"
 
 
-def play(args: Args, runner, key, episodes: int, greedy: bool):
-    """`episodes` fresh episodes of one run's policy (act: greedy, or sampled) to the time limit:
-    per step [T, episodes], the env states before it, its rewards, whether the episode had ended."""
+def play(args: Args, runner, key, episodes: int):
+    """`episodes` fresh episodes of a run's policy by its most likely actions, as many by sampled
+    ones, to the time limit: per step [T, 2 x episodes] the env states before it, rewards, ended."""
     import gymnax
     env, env_params = gymnax.make(args.env_id)
     act, vstep = make_train(args).act, jax.vmap(env.step, in_axes=(0, 0, 0, None))
@@ -880,15 +880,15 @@ def play(args: Args, runner, key, episodes: int, greedy: bool):
     def step(carry, key):
         obs, env_state, ended = carry
         k_act, k_env = jax.random.split(key)
+        action = jnp.concatenate([act(runner, obs[:episodes]), act(runner, obs[episodes:], k_act)])
         obs, next_state, reward, terminated, truncated, _ = vstep(
-            jax.random.split(k_env, episodes), env_state,
-            act(runner, obs, None if greedy else k_act), env_params)
+            jax.random.split(k_env, 2 * episodes), env_state, action, env_params)
         return (obs, next_state, ended | terminated | truncated), (env_state, reward, ended)
 
     keys = jax.random.split(key, env_params.max_steps_in_episode + 1)
     obs, env_state = jax.vmap(env.reset, in_axes=(0, None))(
-        jax.random.split(keys[0], episodes), env_params)
-    return jax.lax.scan(step, (obs, env_state, jnp.zeros(episodes, bool)), keys[1:])[1]
+        jax.random.split(keys[0], 2 * episodes), env_params)
+    return jax.lax.scan(step, (obs, env_state, jnp.zeros(2 * episodes, bool)), keys[1:])[1]
 
 
 def evaluator(args: Args):
@@ -897,13 +897,13 @@ def evaluator(args: Args):
     if not (args.eval_episodes and hasattr(make_train(args), "act")):
         return None
 
-    def mean_return(runner, key, greedy):
-        _, rewards, ended = play(args, runner, key, args.eval_episodes, greedy)
-        return jnp.where(ended, 0.0, rewards).sum(0).mean()
+    def mean_returns(runner, key):
+        _, rewards, ended = play(args, runner, key, args.eval_episodes)
+        returns = jnp.split(jnp.where(ended, 0.0, rewards).sum(0), 2)  # greedy, sampled
+        return {f"eval/episodic_return_{kind}": x.mean()
+                for kind, x in zip(("greedy", "sampled"), returns)}
 
-    scores = jax.jit(jax.vmap(lambda runner, key: {
-        f"eval/episodic_return_{kind}": mean_return(runner, k, kind == "greedy")
-        for kind, k in zip(("greedy", "sampled"), jax.random.split(key))}))
+    scores = jax.jit(jax.vmap(mean_returns))
     keys = jax.random.split(jax.random.fold_in(jax.random.PRNGKey(args.seed), 1), args.num_seeds)
     return lambda state: jax.device_get(scores(state, keys))
 
@@ -913,8 +913,8 @@ def capture_gif(path, args: Args, state):
     import gymnax
     from gymnax.visualize import Visualizer
     states, rewards, ended = play(args, jax.tree.map(lambda x: x[0], state),
-                                  jax.random.PRNGKey(args.seed), 1, True)
-    frames = int(np.argmax(ended[:, 0])) if ended.any() else len(ended)  # the episode's steps
+                                  jax.random.PRNGKey(args.seed), 1)  # [:, 0]: greedy
+    frames = int(np.argmax(ended[:, 0])) if ended[:, 0].any() else len(ended)  # the episode's steps
     Visualizer(*gymnax.make(args.env_id), [jax.tree.map(lambda x: x[t, 0], states)
                                            for t in range(frames)],
                np.cumsum(rewards[:frames, 0])).animate(path)
