@@ -7,8 +7,9 @@ Each command runs as `python algos/<file> ... --num-seeds 8 --no-track` in a fre
 (common.run_command: the file's own main() on that command line), on the devices the file
 chooses itself (one per core). "cold": an empty compilation-cache directory, so the process
 compiles; "warm": the same directory again, filled by the cold run (a user's second run). Time to
-solve: from the process's launch until every seed's per-update score had reached the command's
-threshold (common.COMMANDS). One process per row: a single measurement each, not a median.
+solve: from the process's launch until every seed's score held the command's threshold
+(common.COMMANDS; held: its mean over a trailing 5% of updates at or above it from then to the end,
+common.held_from). One process per row: a single measurement each, not a median.
 
 JAX writes a compiled program to the cache only when its compile took at least
 jax_persistent_cache_min_compile_time_secs (1 s by default, which a user's run keeps): a warm

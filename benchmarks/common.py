@@ -248,11 +248,28 @@ def run_as_typed(name: str, flags: list[str], folder: Path = ALGOS) -> dict:
     return kept
 
 
+def held_from(score, threshold: float, window: float = 0.05):
+    """score [..., points] -> per row, the first point from which the mean score over the trailing
+    `window` of the points (NaN: no episode finished, ignored) stays at or above the threshold to
+    the end, or -1: a sustained rule, one lucky point does not count (at the last point that mean
+    is the final return). Every implementation's "reached by" uses it."""
+    score = np.asarray(score, np.float64)
+    n = score.shape[-1]
+    w = max(1, round(n * window))
+    valid = np.isfinite(score)
+    sums, counts = np.cumsum(np.where(valid, score, 0.0), -1), np.cumsum(valid, -1)
+    back = lambda c: np.concatenate([np.zeros((*c.shape[:-1], w)), c], -1)[..., :n]  # c[t - w]
+    count = counts - back(counts)
+    ok = (count > 0) & (sums - back(sums) >= threshold * np.maximum(count, 1))
+    held = np.flip(np.logical_and.accumulate(np.flip(ok, -1), -1), -1)
+    return np.where(held.any(-1), held.argmax(-1), -1)
+
+
 def reach_fraction(score, threshold: float):
-    """score [..., updates] -> the fraction of the run done at the end of the first update whose
-    score reached the threshold, 0 where none did (NaN, no episode finished, never reaches)."""
-    reached = np.nan_to_num(np.asarray(score, np.float64), nan=-np.inf) >= threshold
-    return np.where(reached.any(-1), reached.argmax(-1) + 1, 0) / reached.shape[-1]
+    """score [..., updates] -> the fraction of the run done at the end of the update from which
+    the score held the threshold (held_from), 0 where it never did."""
+    first = held_from(score, threshold)
+    return np.where(first >= 0, first + 1, 0) / np.shape(score)[-1]
 
 
 def command_worker(config: dict) -> dict:
