@@ -280,18 +280,6 @@ def test_numpy_baselines_run_q_learning_as_the_file_does():
     assert v_error.max() < 1e-3, v_error
 
 
-def test_time_to_threshold_is_the_update_from_which_it_holds():
-    """(4 updates: a window of 1.) 480 then 300 never held 475; 480, 490 to the end did."""
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    import common
-
-    score = [[np.nan, 400, 480, 300], [np.nan, np.nan, 100, 200], [500, 500, 500, 500],
-             [np.nan, 300, 480, 490]]
-    assert common.reach_fraction(score, 475).tolist() == [0.0, 0.0, 0.25, 0.75]
-    assert common.solve_time([3.0, 7.5]) == (7.5, 2)
-    assert common.solve_time([3.0, None]) == (None, 1)
-
-
 def test_a_failing_section_is_reported_and_fails_the_run(tmp_path, monkeypatch):
     """A section that raises leaves its error in RESULTS-<sections>.md and exits non-zero."""
     sys.path.insert(0, str(ROOT / "benchmarks"))
@@ -390,3 +378,9 @@ def test_reached_by_means_held_to_the_end():
     # window 5: the first whole window of 500s ends at update 54
     np.testing.assert_array_equal(first, [-1, 54, 54, -1, -1])
     np.testing.assert_allclose(common.reach_fraction(rising, 475.0), 0.55)
+    # 4 updates, a window of 1: 480 then 300 never held 475; 480, 490 to the end did
+    short = [[np.nan, 400, 480, 300], [np.nan, np.nan, 100, 200], [500, 500, 500, 500],
+             [np.nan, 300, 480, 490]]
+    assert common.reach_fraction(short, 475).tolist() == [0.0, 0.0, 0.25, 0.75]
+    assert common.solve_time([3.0, 7.5]) == (7.5, 2)
+    assert common.solve_time([3.0, None]) == (None, 1)
