@@ -19,8 +19,9 @@ its mean over a trailing 5% of its points at or above it from then to the end, c
   thread each (one per core), each training 4 seeds in turn; score: the mean return of the
   episodes finished in a rollout (as ours: in an update).
 Final return: the mean episode return over the last 5% of the budget (rejax: its last evaluation).
-SB3 trains a seed in ~80 s (CartPole-v1) and ~140 s (Pendulum-v1) on one core, so 8 seeds of
-both on 2 cores take ~15 minutes; with rejax, --peers adds about 17 minutes.
+SB3 trains a seed in ~60 s (CartPole-v1) and ~100 s (Pendulum-v1) on one core, so 8 seeds of
+both on 2 cores take ~11 minutes; with rejax and ours, --peers added 12 minutes (716 s) to the
+full run of 2026-11-26.
 """
 import os
 import subprocess

@@ -1,7 +1,7 @@
 """Reproduce every benchmark table the README shows, with one command.
 
     python benchmarks/run.py            # the full run: under 25 minutes on 2 cores (budget below)
-    python benchmarks/run.py --peers    # and rejax / SB3 beside ours (about 17 minutes more;
+    python benchmarks/run.py --peers    # and rejax / SB3 beside ours (about 12 minutes more;
                                         # their own environment: see benchmarks/peers.py)
     python benchmarks/run.py --quick    # the pipeline on tiny budgets, under a minute
     python benchmarks/run.py --only commands,q_learning
@@ -37,9 +37,9 @@ machine; RESULTS.md ends with each section's real time):
                                    memory 2 x 8 s;
                                    small loops 2 x 12 s; implementation 25 s
     is_eval          8      230    is_eval.py as typed ~100 s, in-sample sweep ~60 s, speed ~70 s
-    total           36     1340    under 25 minutes (1500 s), ~2.5 minutes to spare (the last full
-                                   run measured 1420 s before the numpy baselines and the choices'
-                                   timed runs were added: about 1490 s expected)
+    total           36     1340    under 25 minutes (1500 s): the full run of 2026-11-26
+                                   measured 1320 s (commands 245, robustness 672, q_learning
+                                   89, is_eval 314)
     minatar          5    ~1500    optional (--only minatar), outside the total: 4 games x 4
                                    seeds x 2M steps = 32M steps at ~25k steps/s (the issue 20
                                    probe's rate, Breakout) ~1300 s, 4 cold compiles and starts
