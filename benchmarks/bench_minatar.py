@@ -1,4 +1,4 @@
-"""PPO's MinAtar preset on the four gymnax MinAtar games, beside the published PPO returns
+"""PPO's MinAtar preset on five gymnax MinAtar games, beside the published PPO returns
 (issue 20: Breakout-MinAtar >= 28 and SpaceInvaders-MinAtar >= 131, every seed above half).
 
     python benchmarks/bench_minatar.py [--quick] [--network cnn]
@@ -14,7 +14,7 @@ included. The final return of a seed is the mean episode return over the last 5%
 checkpoints (10M steps, another configuration: PUBLISHED below). Time to target: the first bin of
 the learning curve (100 bins of updates) whose mean over the seeds reached the published return.
 
-Not part of the default `benchmarks/run.py` run: MINATAR.md records how long it took (the four
+Not part of the default `benchmarks/run.py` run: MINATAR.md records how long it took (the five
 games' processes, each with its cold compile, and the two small tasks); run it alone.
 --quick runs Breakout on 3 updates per seed, to check the pipeline. --network cnn (standalone
 only) runs the preset with ppo.py's MinAtar CNN instead, for the network comparison of issue 20;

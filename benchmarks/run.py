@@ -8,8 +8,8 @@
     python benchmarks/run.py --only envs  # every gymnax env, PPO and VPG beside a random policy
     python benchmarks/run.py --only long_runs  # segments vs one program, checkpoints, live
                                                # tensorboard (about 10 minutes)
-    python benchmarks/run.py --only minatar    # ppo.py's MinAtar preset on four games beside
-                                               # the published PPO returns (~25 minutes, est.)
+    python benchmarks/run.py --only minatar    # ppo.py's MinAtar preset on five games beside
+                                               # the published PPO returns (about 25 minutes)
 
 Writes RESULTS.md (all tables, machine header and load averages first, the time of every section
 last) and the PNGs into --out (default benchmarks/results/). A full run into the default folder
@@ -17,7 +17,7 @@ also refreshes the block of README.md between the results markers, so the README
 latest full results. Run it alone on the machine: numbers from a loaded machine go in no table.
 Every workload runs in its own process (common.run_worker). The envs section (well over an hour
 on 2 cores), the long_runs section (about 10 minutes: it would break the budget below) and the
-minatar section (12.5 minutes measured, MINATAR.md) run only when --only names them,
+minatar section (25 minutes measured, MINATAR.md) run only when --only names them,
 and write ENVS.md, LONG_RUNS.md and MINATAR.md, never RESULTS.md nor the README.
 
 Time budget of the full run on 2 cores, in seconds (estimated from measurements on a quiet
@@ -40,10 +40,10 @@ machine; RESULTS.md ends with each section's real time):
     total           36     1340    under 25 minutes (1500 s): the full run of 2026-11-26
                                    measured 1320 s (commands 245, robustness 672, q_learning
                                    89, is_eval 314)
-    minatar          5    ~1500    optional (--only minatar), outside the total: 4 games x 4
-                                   seeds x 2M steps = 32M steps at ~25k steps/s (the issue 20
-                                   probe's rate, Breakout) ~1300 s, 4 cold compiles and starts
-                                   ~100 s, the other games' slower env steps up to ~100 s
+    minatar          7     1520    optional (--only minatar), outside the total, measured on
+                                   2026-11-26: 5 games x 4 seeds x 3M steps, 111-172 s each but
+                                   Seaquest (881 s: gymnax's Seaquest steps at 14k steps/s, the
+                                   others at 70-120k), then Acrobot 16 s and MountainCar 58 s
 
 Cold and warm: "cold" figures come from an empty compilation cache (the process compiles), "warm"
 ones from the cache the cold run of the same command filled; every robustness sweep and the
