@@ -8,13 +8,11 @@ The environment (gymnax), the rollout, GAE and every gradient step run inside on
     python algos/vpg.py --env-id Pendulum-v1     # continuous actions, 1M steps each
 
 Expect (64 seeds, RESULTS.md): CartPole-v1 ends at 500 on 63 of 64 seeds; Pendulum-v1 climbs from
--1230 (random actions) to -158 (mean), -250 or better on 64 of 64 (robustness_candidates.md). The
-algorithm is all above the line `# ===... runner`; below it, the runner (as in ppo.py). See --help.
+-1230 (random actions) to -158 (mean), -250 or better on 64 of 64 (robustness_candidates.md).
 """
 
 # ============================================================================ imports
 import dataclasses
-import os
 from functools import partial
 from typing import Literal, NamedTuple, Optional
 
@@ -67,56 +65,13 @@ class Hyperparams:
     """scale rewards by a running std of the discounted return"""
 
 
-# Presets: what each sets for a flag left unset (None) and where it comes from. An env without an
-# entry takes its action space's (discrete, box); what neither sets follows the rules of `resolve`.
-# Discrete: tuned on CartPole-v1, 500 on 63 of 64 seeds by 300k steps (RESULTS.md).
-DISCRETE = dict(num_envs=32, update_epochs=4, learning_rate=2.5e-3, gamma=0.99, gae_lambda=0.95,
-                ent_coef=0.01, network="mlp", hidden_size=64, activation="tanh",
-                normalize_obs=False, normalize_reward=False)
-# Continuous: Pendulum-v1; small batches, as VPG needs many policy steps; gamma 0.95, a short
-# horizon, suits its dense reward. A 3-learning-rate x 64-seed sweep at 1M steps: -250 or better
-# on all 64 seeds at 2.5e-3 (benchmarks/results/robustness_candidates.md).
-CONTINUOUS = dict(DISCRETE, num_envs=8, num_steps=32, learning_rate=2.5e-3, gamma=0.95,
-                  ent_coef=0.0, total_timesteps=1_000_000, normalize_obs=True,
-                  normalize_reward=True)
-PRESETS = {"discrete": DISCRETE, "box": CONTINUOUS, "CartPole-v1": DISCRETE,
-           "Pendulum-v1": CONTINUOUS}
 # The float hyperparameters (no shape nor loop length: train() traces them, a sweep is one program)
-UNIT, NON_NEGATIVE = ("in [0, 1]", lambda x: 0 <= x <= 1), (">= 0", lambda x: x >= 0)
+UNIT, NON_NEGATIVE = ("in [0, 1]", lambda x: (0 <= x) & (x <= 1)), (">= 0", lambda x: x >= 0)
 HPARAMS = dict(learning_rate=("> 0", lambda x: x > 0), gamma=UNIT, gae_lambda=UNIT,
                ent_coef=NON_NEGATIVE, max_grad_norm=NON_NEGATIVE)
-
-
-def resolve(args):
-    """Unset (None) flags from the preset of --env-id, then the rules; ValueError on a bad flag."""
-    try:  # an unknown id, or an env that cannot be built here (MNISTBandit-bsuite downloads data)
-        env, env_params = gymnax.make(args.env_id)
-    except Exception as e:
-        raise ValueError(f"--env-id {args.env_id!r} cannot be built: {e!r}".splitlines()[0])
-    if not isinstance(space := env.action_space(env_params), (spaces.Discrete, spaces.Box)):
-        raise ValueError(f"--env-id {args.env_id!r} has an action space VPG here does not handle")
-    preset = PRESETS.get(args.env_id, PRESETS[type(space).__name__.lower()])
-    args = dataclasses.replace(args, **{k: (v,) if k in HPARAMS else v
-                                        for k, v in preset.items() if getattr(args, k) is None})
-    num_steps = args.num_steps or int(np.clip(2048 // args.num_envs, 16, 128))
-    batch_size = args.num_envs * num_steps
-    most = int(np.clip(batch_size // 512, 4, 32))
-    args = dataclasses.replace(
-        args, num_steps=num_steps,
-        # An env needs a whole episode (500 steps in CartPole-v1) before it reports a return.
-        total_timesteps=args.total_timesteps or max(
-            300_000, int(1.5 * env_params.max_steps_in_episode * args.num_envs)),
-        num_minibatches=args.num_minibatches or max(
-            d for d in range(1, most + 1) if batch_size % d == 0))
-    if batch_size % args.num_minibatches:
-        raise ValueError(f"--num-minibatches {args.num_minibatches} must divide the batch "
-                         f"num_envs * num_steps = {batch_size}")
-    if args.total_timesteps < batch_size:
-        raise ValueError(f"--total-timesteps {args.total_timesteps} is less than one batch "
-                         f"(num_envs * num_steps = {batch_size})")
-    if args.network == "cnn" and len(shape := env.observation_space(env_params).shape) != 3:
-        raise ValueError(f"--network cnn needs image observations; {args.env_id}'s are {shape}")
-    return args
+COUNTS = dict(total_timesteps=1, num_envs=1, num_steps=1, num_minibatches=1, update_epochs=1,
+              hidden_size=1)
+SIZE_FLAGS = ("num_envs", "num_steps")
 
 
 # ============================================================================ 2. environment
@@ -140,9 +95,8 @@ def normalize(obs, stats: RunningStats, enabled: bool):
 
 # ============================================================================ 3. network
 class MinAtarCNN(nn.Module):
-    """MinAtar's network (Young & Tian 2019, https://arxiv.org/abs/1903.03176): 16 filters of 3x3
-    and a dense layer of 128, relu, on [..., H, W, C]. The convolution is a dense layer on the 3x3
-    patches: XLA's CPU convolution, vmapped over seeds, becomes a slower grouped convolution."""
+    """MinAtar's (Young & Tian 2019): 16 filters of 3x3, a dense layer of 128, relu, on [..., H, W,
+    C]; the convolution as a dense layer on 3x3 patches (vmapped, XLA's CPU one is slower)."""
 
     @nn.compact
     def __call__(self, x):
@@ -154,7 +108,8 @@ class MinAtarCNN(nn.Module):
 
 
 class ActorCritic(nn.Module):
-    """Policy and value as separate networks: MLPs on flattened observations, or MinAtarCNNs."""
+    """Policy and value heads on MLPs of their own, or on one MinAtarCNN they share (MinAtar's
+    network: half the work of two)."""
     action_dim: int
     continuous: bool
     hidden_size: int = 64
@@ -163,25 +118,27 @@ class ActorCritic(nn.Module):
 
     def setup(self):
         dense = lambda size, scale: nn.Dense(size, kernel_init=nn.initializers.orthogonal(scale))
-        act = getattr(nn, self.activation)
-        torso = lambda: [MinAtarCNN()] if self.network == "cnn" else [
-            dense(self.hidden_size, np.sqrt(2)), act, dense(self.hidden_size, np.sqrt(2)), act]
-        self.actor = nn.Sequential(torso() + [dense(self.action_dim, 0.01)])
-        self.critic = nn.Sequential(torso() + [dense(1, 1.0)])
+        act, size = getattr(nn, self.activation), self.hidden_size
+        mlp = lambda: [] if self.network == "cnn" else [dense(size, np.sqrt(2)), act,
+                                                        dense(size, np.sqrt(2)), act]
+        self.torso = MinAtarCNN() if self.network == "cnn" else lambda x: x
+        self.actor = nn.Sequential(mlp() + [dense(self.action_dim, 0.01)])
+        self.critic = nn.Sequential(mlp() + [dense(1, 1.0)])
         if self.continuous:
             self.log_std = self.param("log_std", nn.initializers.zeros, (self.action_dim,))
 
-    def policy(self, obs) -> distrax.Distribution:
-        out = self.actor(obs)
+    def __call__(self, obs):  # (the policy or the value alone: XLA drops the other's work)
+        features = self.torso(obs)
+        out, value = self.actor(features), self.critic(features)[..., 0]
         if self.continuous:
-            return distrax.MultivariateNormalDiag(out, jnp.exp(self.log_std))
-        return distrax.Categorical(logits=out)
+            return distrax.MultivariateNormalDiag(out, jnp.exp(self.log_std)), value
+        return distrax.Categorical(logits=out), value
+
+    def policy(self, obs) -> distrax.Distribution:
+        return self(obs)[0]
 
     def value(self, obs) -> jax.Array:
-        return self.critic(obs)[..., 0]
-
-    def __call__(self, obs):
-        return self.policy(obs), self.value(obs)
+        return self(obs)[1]
 
 
 # ============================================================================ 4. the update
@@ -189,8 +146,9 @@ class Transition(NamedTuple):
     obs: jax.Array           # normalised observation the action was chosen from
     action: jax.Array
     log_prob: jax.Array      # behaviour log-probability
+    value: jax.Array         # V(obs) by the behaviour parameters
     reward: jax.Array        # (scaled) reward used for learning
-    next_obs: jax.Array      # normalised observation after the step, before any auto-reset
+    next_value: jax.Array    # V of the observation after the step, before any auto-reset
     terminated: jax.Array
     truncated: jax.Array
 
@@ -208,7 +166,7 @@ class RunnerState(NamedTuple):
     episode_return: jax.Array     # per env, undiscounted, for reporting
     episode_length: jax.Array
     key: jax.Array
-    update: jax.Array        # updates done so far
+    updates_done: jax.Array
 
 
 def compute_gae(rewards, values, next_values, terminated, truncated, gamma, gae_lambda):
@@ -242,10 +200,30 @@ def loss_fn(params, network, hp, batch: Transition, advantages, targets):
                   "stats/approx_kl": ((ratio - 1.0) - log_ratio).mean()}
 
 
+def make_tx(args, hp, num_updates):
+    """(policy_tx, tx): the optimisers of one run's policy step and value steps, from its traced
+    learning rate and clip. Each moves only its part (the critic module, or the others; a shared
+    CNN torso moves with the policy) with its own Adam: a shared one moves the actor in both."""
+    def part(params):
+        modules = params["params"]
+        if "critic" not in modules or len(modules) < 2:
+            raise ValueError(f"VPG needs a critic module and a policy beside it: {list(modules)}")
+        return {"params": {name: jax.tree.map(lambda _: "value" if name == "critic" else "policy",
+                                              tree) for name, tree in modules.items()}}
+
+    adam = lambda steps: optax.chain(optax.clip_by_global_norm(hp["max_grad_norm"]), optax.adam(
+        optax.linear_schedule(hp["learning_rate"], 0.0, steps) if args.anneal_lr
+        else hp["learning_rate"], eps=1e-5))
+    value_steps = num_updates * args.update_epochs * args.num_minibatches
+    return (optax.multi_transform({"value": optax.set_to_zero(), "policy": adam(num_updates)},
+                                  part),
+            optax.multi_transform({"policy": optax.set_to_zero(), "value": adam(value_steps)},
+                                  part))
+
+
 def make_train(args):
-    """train(key, hp) -> (final RunnerState, metrics [num_updates]): one run, its HPARAMS values
-    hp (a dict of scalars) traced, as one program. Its parts: train.init(key, hp) -> RunnerState,
-    train.update(hp, runner) -> (runner, metrics) and train.act(runner, obs, key) -> actions."""
+    """train(key, hp) -> (final RunnerState, metrics [num_updates]): one run as one program, its
+    HPARAMS hp traced; train.init, train.update, train.act: the runner's contract at the fence."""
     env, env_params = gymnax.make(args.env_id)
     action_space = env.action_space(env_params)
     continuous = isinstance(action_space, spaces.Box)
@@ -259,25 +237,6 @@ def make_train(args):
     num_updates = args.total_timesteps // batch_size
     network = ActorCritic(action_dim, continuous, args.hidden_size, args.network, args.activation)
 
-    # The policy step (`policy_tx`) and the value steps (`tx`) each move only their part (the
-    # critic module, or the others), with their own Adam: a shared one moves the actor in both.
-    def part(params):
-        modules = params["params"]
-        if "critic" not in modules or len(modules) < 2:
-            raise ValueError(f"VPG needs a critic module and a policy beside it: {list(modules)}")
-        return {"params": {name: jax.tree.map(lambda _: "value" if name == "critic" else "policy",
-                                              tree) for name, tree in modules.items()}}
-
-    def make_tx(hp):  # (policy_tx, tx) of one run, from its traced learning rate and clip
-        adam = lambda steps: optax.chain(optax.clip_by_global_norm(hp["max_grad_norm"]), optax.adam(
-            optax.linear_schedule(hp["learning_rate"], 0.0, steps) if args.anneal_lr
-            else hp["learning_rate"], eps=1e-5))
-        value_steps = num_updates * args.update_epochs * args.num_minibatches
-        return (optax.multi_transform({"value": optax.set_to_zero(), "policy": adam(num_updates)},
-                                      part),
-                optax.multi_transform({"policy": optax.set_to_zero(), "value": adam(value_steps)},
-                                      part))
-
     vstep = jax.vmap(env.step, in_axes=(0, 0, 0, None))
     to_env = lambda action: (jnp.clip(action, action_space.low, action_space.high) if continuous
                              else action)
@@ -286,7 +245,7 @@ def make_train(args):
         obs_stats = runner.obs_stats.update(runner.obs) if args.normalize_obs else runner.obs_stats
         obs = normalize(runner.obs, obs_stats, args.normalize_obs)
         key, k_act, k_env = jax.random.split(runner.key, 3)
-        dist = network.apply(runner.params, obs, method=ActorCritic.policy)
+        dist, value = network.apply(runner.params, obs)
         action, log_prob = dist.sample_and_log_prob(seed=k_act)
         next_obs, env_state, reward, terminated, truncated, info = vstep(
             jax.random.split(k_env, args.num_envs), runner.env_state, to_env(action), env_params)
@@ -300,9 +259,11 @@ def make_train(args):
             else reward
         episode_return = runner.episode_return + reward
         episode_length = runner.episode_length + 1
+        # V here, num_envs at a time, not after the rollout: it stays in cache (CNN: 1.9x faster)
         final_obs = normalize(as_inputs(info["final_observation"]), obs_stats, args.normalize_obs)
-        transition = Transition(obs, action, log_prob, scaled_reward, final_obs, terminated,
-                                truncated)
+        next_value = network.apply(runner.params, final_obs, method=ActorCritic.value)
+        transition = Transition(obs, action, log_prob, value, scaled_reward, next_value,
+                                terminated, truncated)
         finished = (done.sum(), (episode_return * done).sum(), (episode_length * done).sum())
         runner = runner._replace(
             env_state=env_state, obs=as_inputs(next_obs), obs_stats=obs_stats,
@@ -329,14 +290,13 @@ def make_train(args):
 
     def update(hp, runner: RunnerState):
         """One rollout of num_steps in every env, one policy step, then value-function epochs."""
-        policy_tx, tx = make_tx(hp)
+        policy_tx, tx = make_tx(args, hp, num_updates)
         runner, (traj, finished) = jax.lax.scan(partial(env_step, hp), runner, None,
                                                 args.num_steps)
         params = runner.params
-        values = network.apply(params, traj.obs, method=ActorCritic.value)
-        next_values = network.apply(params, traj.next_obs, method=ActorCritic.value)
-        advantages, targets = compute_gae(traj.reward, values, next_values, traj.terminated,
-                                          traj.truncated, hp["gamma"], hp["gae_lambda"])
+        advantages, targets = compute_gae(traj.reward, traj.value, traj.next_value,
+                                          traj.terminated, traj.truncated, hp["gamma"],
+                                          hp["gae_lambda"])
         flat = lambda x: x.reshape(batch_size, *x.shape[2:])
         batch = jax.tree.map(flat, (traj, advantages, targets))
         # One policy-gradient step on the whole batch (the losses are those before it) ...
@@ -350,12 +310,14 @@ def make_train(args):
             partial(update_epoch, hp, tx), (params, runner.opt_state, batch, k_epochs), None,
             args.update_epochs)
         runner = runner._replace(params=params, policy_opt_state=policy_opt_state,
-                                 opt_state=opt_state, key=key, update=runner.update + 1)
+                                 opt_state=opt_state, key=key, updates_done=runner.updates_done + 1)
         count, return_sum, length_sum = jax.tree.map(lambda x: x.sum(), finished)
         metrics = {k: v.mean() for k, v in stats.items()}
-        metrics["env_steps"] = runner.update * batch_size
+        metrics["env_steps"] = runner.updates_done * batch_size
         metrics["episode_return"] = jnp.where(count > 0, return_sum / count, jnp.nan)
         metrics["episode_length"] = jnp.where(count > 0, length_sum / count, jnp.nan)
+        annealed = 1 - runner.updates_done / num_updates if args.anneal_lr else 1  # as make_tx
+        metrics["charts/learning_rate"] = hp["learning_rate"] * annealed
         return runner, metrics
 
     def init(key, hp) -> RunnerState:
@@ -364,13 +326,14 @@ def make_train(args):
         obs, env_state = jax.vmap(env.reset, in_axes=(0, None))(
             jax.random.split(k_env, args.num_envs), env_params)
         stats = lambda shape: RunningStats(jnp.zeros(shape), jnp.ones(shape), jnp.asarray(1e-4))
-        policy_tx, tx = make_tx(hp)
+        policy_tx, tx = make_tx(args, hp, num_updates)
         return RunnerState(
             params=params, policy_opt_state=policy_tx.init(params), opt_state=tx.init(params),
             env_state=env_state, obs=as_inputs(obs), obs_stats=stats(obs_shape),
             return_stats=stats((1,)), discounted_return=jnp.zeros(args.num_envs),
             episode_return=jnp.zeros(args.num_envs),
-            episode_length=jnp.zeros(args.num_envs, jnp.int32), key=k_run, update=jnp.int32(0))
+            episode_length=jnp.zeros(args.num_envs, jnp.int32), key=k_run,
+            updates_done=jnp.int32(0))
 
     def act(runner: RunnerState, obs, key=None):
         """Actions for raw observations [N, ...], normalisation frozen: sampled, or greedy."""
@@ -383,34 +346,109 @@ def make_train(args):
                             num_updates)
 
     train.init, train.update, train.act, train.num_updates = init, update, act, num_updates
-    train.make_tx = make_tx  # for the tests: which parameters each optimiser moves
     return train
 
 
-# ============================================================================ 5. hooks
-# The runner's hooks: XLA's options (LLVM -O1 compiles in 6.4 s, not 7.1, as fast a program), the
-# metric ranking a sweep, the metrics shown, what --save-model writes, its own pictures (none).
+# ============================================================================ 5. presets
+# Presets: what each sets for a flag left unset (None) and where it comes from. An env without an
+# entry takes its action space's (discrete, box); what neither sets follows the rules of `resolve`.
+# Discrete: tuned on CartPole-v1, 500 on 63 of 64 seeds by 300k steps (RESULTS.md).
+DISCRETE = dict(num_envs=32, update_epochs=4, learning_rate=2.5e-3, gamma=0.99, gae_lambda=0.95,
+                ent_coef=0.01, network="mlp", hidden_size=64, activation="tanh",
+                normalize_obs=False, normalize_reward=False)
+# Continuous: Pendulum-v1; small batches, as VPG needs many policy steps; gamma 0.95, a short
+# horizon, suits its dense reward. A 3-learning-rate x 64-seed sweep at 1M steps: -250 or better
+# on all 64 seeds at 2.5e-3 (benchmarks/results/robustness_candidates.md).
+CONTINUOUS = dict(DISCRETE, num_envs=8, num_steps=32, learning_rate=2.5e-3, gamma=0.95,
+                  ent_coef=0.0, total_timesteps=1_000_000, normalize_obs=True,
+                  normalize_reward=True)
+PRESETS = {"discrete": DISCRETE, "box": CONTINUOUS, "CartPole-v1": DISCRETE,
+           "Pendulum-v1": CONTINUOUS}
+
+def resolve(args):
+    """Unset (None) flags from the preset of --env-id, then the rules; ValueError on a bad flag."""
+    try:  # an unknown id, or an env that cannot be built here (MNISTBandit-bsuite downloads data)
+        env, env_params = gymnax.make(args.env_id)
+    except Exception as e:
+        raise ValueError(f"--env-id {args.env_id!r} cannot be built: {e!r}".splitlines()[0])
+    if not isinstance(space := env.action_space(env_params), (spaces.Discrete, spaces.Box)):
+        raise ValueError(f"--env-id {args.env_id!r} has an action space VPG here does not handle")
+    preset = PRESETS.get(args.env_id, PRESETS[type(space).__name__.lower()])
+    args = dataclasses.replace(args, **{k: (v,) if k in HPARAMS else v
+                                        for k, v in preset.items() if getattr(args, k) is None})
+    num_steps = args.num_steps or int(np.clip(2048 // args.num_envs, 16, 128))
+    batch_size = args.num_envs * num_steps
+    most = int(np.clip(batch_size // 512, 4, 32))
+    args = dataclasses.replace(
+        args, num_steps=num_steps,
+        # An env needs a whole episode (500 steps in CartPole-v1) before it reports a return.
+        total_timesteps=args.total_timesteps or max(
+            300_000, int(1.5 * env_params.max_steps_in_episode * args.num_envs)),
+        num_minibatches=args.num_minibatches or max(
+            d for d in range(1, most + 1) if batch_size % d == 0))
+    if batch_size % args.num_minibatches:
+        raise ValueError(f"--num-minibatches {args.num_minibatches} must divide the batch "
+                         f"num_envs * num_steps = {batch_size}")
+    if args.total_timesteps < batch_size:
+        raise ValueError(f"--total-timesteps {args.total_timesteps} is less than one batch "
+                         f"(num_envs * num_steps = {batch_size})")
+    if args.network == "cnn" and len(shape := env.observation_space(env_params).shape) != 3:
+        raise ValueError(f"--network cnn needs image observations; {args.env_id}'s are {shape}")
+    return args
+
+
+# ============================================================================ 6. hooks
+# The runner's hooks (its contract at the fence), beside COUNTS and SIZE_FLAGS above: XLA's options
+# (LLVM -O1 compiles in 6.4 s, not 7.1, as fast a program), the ranking metric, the shown ones,
+# the saved model, no switches of its own.
 COMPILER_OPTIONS = {"xla_backend_optimization_level": 1}
 SCORE, SHOWN = "episode_return", {}  # SHOWN: metric -> format
-model = lambda state: {"params": state.params, "obs_mean": state.obs_stats.mean,
-                       "obs_var": state.obs_stats.var}
-Drawing, draw = dataclasses.make_dataclass("Drawing", []), lambda run_dir, args, state: []
+saved_model = lambda state: {"params": state.params, "obs_mean": state.obs_stats.mean,
+                             "obs_var": state.obs_stats.var}
+ExtraFlags, draw = dataclasses.make_dataclass("ExtraFlags", []), lambda folder, args, state: []
 
 
 # ============================================================================ runner
-# The same in ppo.py, vpg.py and q_learning.py, byte for byte (a test compares them): a sweep of
-# make_train's program and all around it, from the names above (flags, presets, hooks).
+# The same in every file that trains, byte for byte (a test compares them): a sweep of
+# make_train's program and all around it. It reads these names from above the fence, no other:
+#   Hyperparams       dataclass: the algorithm's flags, env_id first, each field's docstring its
+#                     --help; resolve fills a field left None.
+#   HPARAMS           {flag: (rule text, rule)}: the float flags the program traces, typed
+#                     tuple[float, ...], several values a sweep; rule(x) -> bool, on arrays too.
+#   COUNTS            {flag: least value} of every int flag of Hyperparams (a test checks).
+#   SIZE_FLAGS        the flags that set a run's memory, named when it does not fit.
+#   resolve(args)     -> args, every None filled (presets, rules); ValueError names a bad flag.
+#   make_train(args)  -> train(key, hp) -> (state, metrics) of one run, hp {HPARAMS flag: traced
+#                     float32}; train.init(key, hp) -> state (a NamedTuple; its field `key`, the
+#                     run's PRNG key, --pbt does not copy), train.update(hp, state) -> (state,
+#                     metrics), train.num_updates and, for evaluation and GIFs, train.act(state,
+#                     obs, key=None) -> actions for raw observations, the most likely or sampled
+#                     with a key. metrics {name: scalar} hold env_steps (the run's), episode_return
+#                     and episode_length (mean over the episodes ended in the update, NaN if none);
+#                     as tensorboard tags, episode_* become charts/episodic_*, loss/x losses/x.
+#   COMPILER_OPTIONS  XLA's options for the compiled programs.
+#   SCORE, SHOWN      the metric ranking a sweep's configurations; {metric: format} to show.
+#   saved_model(state) -> {name: leaves of state}: what --save-model writes, --load-model restores.
+#   ExtraFlags, draw  the file's own switches (a dataclass); draw(folder, args, state) -> [paths]
+#                     of its own pictures of one trained configuration.
+#   and the algorithm's imports of partial, jnp and np (which the runner uses too).
+import dataclasses
 import hashlib
 import itertools
 import json
+import os
 import shutil
 import signal
 import socket
 import sys
 import tempfile
+import threading
 import time
+import typing
+from typing import Optional
 
 import flax.serialization
+import jax
 import jax.extend
 import tyro
 from jax.experimental import multihost_utils
@@ -418,11 +456,12 @@ from jax.experimental.compilation_cache import compilation_cache
 from tensorboard.compat.proto.event_pb2 import Event, SessionLog
 from tensorboard.compat.proto.summary_pb2 import Summary
 from tensorboard.plugins.text.summary_v2 import text_pb
-from tensorboard.summary.writer.record_writer import RecordWriter
+from tensorboard.summary.writer.event_file_writer import EventFileWriter
 
 
+# ---------------------------------- flags: the runner's beside the file's, checked before compiling
 @dataclasses.dataclass
-class Args(Hyperparams, Drawing):
+class Args(Hyperparams, ExtraFlags):
     exp_name: str = os.path.basename(__file__)[: -len(".py")]
     """name of this experiment (part of the run directory name)"""
     seed: int = 1
@@ -453,11 +492,17 @@ class Args(Hyperparams, Drawing):
     distributed: bool = False
     """one of several processes (jax.distributed), which split the runs (implied by the next 3)"""
     coordinator_address: Optional[str] = None
-    """--distributed: HOST:PORT of process 0 (default: detected, e.g. under SLURM or Open MPI)"""
+    """--distributed: HOST:PORT of process 0; unset: detected (e.g. under SLURM or Open MPI)"""
     num_processes: Optional[int] = None
-    """--distributed: how many processes take part (default: detected)"""
+    """--distributed: how many processes take part; unset: detected"""
     process_id: Optional[int] = None
-    """--distributed: this process's index, 0 to num_processes - 1 (default: detected)"""
+    """--distributed: this process's index, 0 to num_processes - 1; unset: detected"""
+    pbt: bool = False
+    """population-based training: the sweep's runs copy the best and perturb the swept floats"""
+    pbt_every: int = 1
+    """--pbt: segments between two steps of the population"""
+    pbt_fraction: float = 0.25
+    """--pbt: the bottom fraction copies a member of the top one, in (0, 0.5]"""
 
 
 class ArgError(ValueError):
@@ -469,19 +514,19 @@ flag = lambda name: "--" + name.replace("_", "-")
 
 def grid(args: Args) -> list:
     """Every combination of the HPARAMS values (the first flag varies slowest)."""
-    return [dict(zip(HPARAMS, values))
-            for values in itertools.product(*(getattr(args, k) for k in HPARAMS))]
+    return [dict(zip(HPARAMS, v)) for v in itertools.product(*(getattr(args, k) for k in HPARAMS))]
+
+
+RUNNER_COUNTS = dict(num_seeds=1, eval_episodes=0, num_segments=1, num_processes=1, process_id=0,
+                     pbt_every=1)
 
 
 def validate(args: Args) -> Args:
-    """Check every flag and resolve the unset ones (the file's `resolve`), before any compile."""
-    for field in dataclasses.fields(args):  # every count (a process index may be 0), not a seed
-        value = getattr(args, field.name)
-        least = int(field.name not in ("process_id", "eval_episodes"))
-        if type(value) is int and value < least and field.name != "seed":
-            raise ArgError(f"{flag(field.name)} must be >= {least} (got {value})")
-    if args.load_model and args.resume:
-        raise ArgError("--load-model plays a saved model; --resume trains on: choose one")
+    """Check every flag (counts: COUNTS and RUNNER_COUNTS, --seed any int) and resolve the unset
+    ones (the file's `resolve`), before any compile."""
+    for name, least in {**COUNTS, **RUNNER_COUNTS}.items():
+        if getattr(args, name) is not None and getattr(args, name) < least:
+            raise ArgError(f"{flag(name)} must be >= {least} (got {getattr(args, name)})")
     for name, (rule, holds) in HPARAMS.items():
         for x in getattr(args, name) or ():
             if not holds(x):
@@ -490,35 +535,59 @@ def validate(args: Args) -> Args:
         args = resolve(args)
     except ValueError as e:
         raise ArgError(str(e)) from None
-    if args.capture_gif and (why := undrawable(args.env_id)):
-        raise ArgError(f"--capture-gif cannot draw {args.env_id} here: {why}")
-    return dataclasses.replace(args, num_segments=args.num_segments or max(  # or one per 2^24 steps
-        10, -(-args.total_timesteps * len(grid(args)) * args.num_seeds // 2**24)))
+    if not 0 < args.pbt_fraction <= 0.5:
+        raise ArgError(f"--pbt-fraction must be in (0, 0.5] (got {args.pbt_fraction})")
+    if args.pbt and len(grid(args)) * args.num_seeds < 2:
+        raise ArgError("--pbt needs a population of 2 runs or more (configurations x seeds)")
+    if args.capture_gif:  # gymnax's drawing of the env (classic control's pygame: headless)
+        for device in ("SDL_VIDEODRIVER", "SDL_AUDIODRIVER"):
+            os.environ.setdefault(device, "dummy")
+        import gymnax
+        from gymnax.visualize import Visualizer
+        try:
+            env, env_params = gymnax.make(args.env_id)
+            gif = Visualizer(env, env_params, [env.reset(jax.random.PRNGKey(0), env_params)[1]])
+            gif.init()
+            if not hasattr(gif, "im"):
+                raise ValueError("gymnax has no drawing of it")
+        except Exception as e:
+            raise ArgError(f"--capture-gif cannot draw {args.env_id} here: "
+                           f"{str(e).splitlines()[0]}") from None
+    runs_steps = args.total_timesteps * len(grid(args)) * args.num_seeds
+    return dataclasses.replace(args, num_segments=args.num_segments or max(  # one per 2^24 steps
+        10, -(-runs_steps // 2**24)))
 
 
 def parse(argv) -> Args:
-    """The command line as Args (a flag left to a preset or a rule shows "None" in --help)."""
+    """The command line as Args; --help shows what a flag left to resolve is on the default env."""
     one_value = {flag(f.name) for f in dataclasses.fields(Args)
                  if "tuple" not in str(f.type) and f.type is not bool}
     for i, name in enumerate(argv):  # tyro would blame the second value as an unknown option
-        if name in one_value and len(list(itertools.takewhile(
-                lambda v: not v.startswith("--"), argv[i + 1:]))) > 1:
+        values = itertools.takewhile(lambda v: not v.startswith("--"), argv[i + 1:])
+        if name in one_value and len(list(values)) > 1:
             raise ArgError(f"{name} takes one value: it sets array shapes or loop lengths")
-    return tyro.cli(Args, args=argv, description=f"{__doc__.split(chr(10) * 2)[0]}\n\nThe "
-                    "algorithm's flags come first; the runner's from --exp-name on.")
+    shown, hinted, file = validate(Args()), [], os.path.basename(__file__)
+    algorithm_flags = {f.name for f in dataclasses.fields(Hyperparams)}
+    for field in (f for f in dataclasses.fields(Args) if f.default is None):
+        value = getattr(shown, field.name)
+        value = value[0] if isinstance(value, tuple) and len(value) == 1 else value
+        hint = f"(default: {value} on {shown.env_id})"
+        if field.name in algorithm_flags:
+            hint = f"(default: {value} on {shown.env_id}; per env: PRESETS in {file})"
+        if value is None:
+            hint = "(default: unset)"
+        config = tyro.conf.arg(help_behavior_hint=hint)
+        hinted.append((field.name, typing.Annotated[field.type, config],
+                       dataclasses.field(default=None)))
+    typed = tyro.cli(dataclasses.make_dataclass("Args", hinted, bases=(Args,)), args=argv,
+                     description=f"{__doc__.split(chr(10) * 2)[0]}\n\nThe algorithm's flags "
+                     "come first; the runner's from --exp-name on.")
+    return Args(**{f.name: getattr(typed, f.name) for f in dataclasses.fields(Args)})
 
 
-# ---------------------------------------------------------------------------- processes
-def use_every_core():
-    """A CPU device per core (XLA runs a program on about one) unless XLA_FLAGS or jax chose."""
-    if ("xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", "")
-            and jax.config.jax_num_cpu_devices < 0 and jax.default_backend() == "cpu"):
-        jax.extend.backend.clear_backends()
-        jax.config.update("jax_num_cpu_devices", os.cpu_count() or 1)
-
-
-CACHE_HITS = []  # of the persistent cache: counted around a compile, to say where it came from
-jax.monitoring.register_event_listener(lambda e, **_: e.endswith("hits") and CACHE_HITS.append(e))
+# ---------------------------------- processes: a device per core, --distributed joins the others
+EVENTS = []  # JAX's: a cache hit among those of a compile says where the program came from
+jax.monitoring.register_event_listener(lambda event, **_: EVENTS.append(event))
 JOIN_TIMEOUT_S = 60  # --distributed: a process that has not joined the others by then fails
 
 
@@ -549,8 +618,7 @@ def meet(args: Args):
 
 
 def start_processes(args: Args):
-    """--distributed (implied by its three flags): join the other processes (jax.distributed) and
-    check that the runs split evenly over them. Without an address JAX detects the cluster."""
+    """--distributed (implied by its three flags): join the others, check the runs split evenly."""
     if not (args.distributed or args.coordinator_address or args.num_processes
             or args.process_id is not None):
         return
@@ -569,31 +637,39 @@ def start_processes(args: Args):
                        "processes")
 
 
-# ---------------------------------------------------------------------------- the sweep
+# ----------------------- the sweep: segments of one program over the devices, PBT between them
 def segments(args: Args, num_devices: Optional[int] = None, start=None):
-    """Train each configuration of grid(args) on args.num_seeds seeds (seed k: the k-th split of
-    PRNGKey(args.seed)) in args.num_segments calls of one program: pmap over the most devices (at
-    most num_devices) that divide this process's runs x vmap. After each, yields (state, metrics,
-    timing): numpy [runs, ...] leaves of all processes' runs (metrics [runs, updates so far])."""
+    """Train grid(args) x seeds (seed k: the k-th split of PRNGKey(args.seed)) in num_segments
+    calls of one program, pmap over the most devices (<= num_devices) dividing this process's runs
+    x vmap. Yields after each (state, metrics [runs, updates so far], timing): every process's."""
     configs, seeds, runs = grid(args), args.num_seeds, len(grid(args)) * args.num_seeds
     share = runs // jax.process_count()  # this process's runs (all of them without --distributed)
     mine = slice(jax.process_index() * share, (jax.process_index() + 1) * share)
     limit = num_devices or jax.local_device_count()
     devices = jax.local_devices()[: max(d for d in range(1, limit + 1) if share % d == 0)]
     keys = jnp.tile(jax.random.split(jax.random.PRNGKey(args.seed), seeds), (len(configs), 1))
-    hp = {k: jnp.repeat(jnp.array([c[k] for c in configs], jnp.float32), seeds) for k in HPARAMS}
+    hp_runs = {k: np.repeat(np.float32([c[k] for c in configs]), seeds) for k in HPARAMS}
     layout = lambda x: x[mine].reshape(len(devices), share // len(devices), *x.shape[1:])
-    keys, hp = jax.tree.map(layout, (keys, hp))
+    keys, hp = layout(keys), jax.tree.map(layout, hp_runs)
     train = make_train(args)
     length = -(-train.num_updates // args.num_segments)  # the last segment may run fewer
 
-    def advance(hp, runner, valid):
-        """`length` updates, the first `valid` (traced) run: the last, shorter segment too."""
+    def one_segment(hp, state, valid):
+        """`length` updates, the first `valid` (traced) taken: the last, shorter segment too."""
         update = partial(train.update, hp)
-        skip = lambda runner: (runner, jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype),
-                                                    jax.eval_shape(update, runner)[1]))
-        return jax.lax.scan(lambda runner, i: jax.lax.cond(i < valid, update, skip, runner),
-                            runner, jnp.arange(length))
+
+        def skip(state):  # the state as it is, and metrics of zeros
+            shapes = jax.eval_shape(update, state)[1]
+            return state, jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), shapes)
+
+        def step(state, i):
+            state, metrics = jax.lax.cond(i < valid, update, skip, state)
+            if args.pbt:  # the values in force (the schedule, what --resume continues with)
+                metrics.update({f"hp/{k}": v for k, v in hp.items()})
+                metrics["pbt/copied_from"] = jnp.float32(jnp.nan)  # set after a population step
+            return state, metrics
+
+        return jax.lax.scan(step, state, jnp.arange(length))
 
     def gather(tree):
         """numpy [runs, ...] leaves of all the processes' runs: with several, one transfer of
@@ -606,38 +682,62 @@ def segments(args: Args, num_devices: Optional[int] = None, start=None):
         return jax.tree.unflatten(treedef, [r.view(x.dtype).reshape(runs, *x.shape[2:])
                                             for r, x in zip(rows, leaves)])
 
-    init = jax.pmap(jax.vmap(train.init), devices=devices)
-    advance = jax.pmap(jax.vmap(advance, in_axes=(0, 0, None)), devices=devices,
-                       donate_argnums=1)
-    t0, hits = time.perf_counter(), len(CACHE_HITS)  # a hit from here on is training's
-    shapes = jax.eval_shape(init, keys, hp)  # the runner state's, [devices, per device, ...]
-    # `valid` goes to each device (a broadcast argument fails to lower across processes).
-    per_device = lambda valid: np.full(len(devices), valid, np.int32)
-    programs = [init.lower(keys, hp).compile(COMPILER_OPTIONS)] if start is None else []
+    explore = jax.jit(partial(exploit_and_explore, args))
+
+    def population(state, hp, metrics, first: int):
+        """(state, hp, copied_from) for the segment from update `first`, after PBT if it is due."""
+        if (first // length) % args.pbt_every or first >= train.num_updates:
+            return state, hp, None
+        with np.errstate(all="ignore"):  # fitness: SCORE's mean over the segment just ended
+            fitness = np.nanmean(metrics[SCORE][:, first - length:first], axis=1)
+        key = jax.random.fold_in(jax.random.PRNGKey(args.seed), first)  # the same on --resume
+        return jax.device_get(explore(state, hp, np.nan_to_num(fitness, nan=-np.inf), key))
+
+    init_on_devices = jax.pmap(jax.vmap(train.init), devices=devices)
+    segment_on_devices = jax.pmap(jax.vmap(one_segment, in_axes=(0, 0, None)), devices=devices,
+                                  donate_argnums=1)
+    t0, seen = time.perf_counter(), len(EVENTS)  # a cache hit from here on is training's
+    shapes = jax.eval_shape(init_on_devices, keys, hp)  # the state's: [devices, per device, ...]
+    per_device = lambda valid: np.full(len(devices), valid, np.int32)  # (no broadcast: processes)
     if jax.process_count() > 1:  # (pmap lowers abstract arguments of one process only)
         shapes = jax.tree.map(lambda s: np.zeros(s.shape, s.dtype), shapes)
-    advance = advance.lower(hp, shapes, per_device(length)).compile(COMPILER_OPTIONS)
-    check_memory(args, programs + [advance], len(devices))
-    compile_s, cached = time.perf_counter() - t0, len(CACHE_HITS) > hits
+    run_segment = segment_on_devices.lower(hp, shapes, per_device(length)).compile(
+        COMPILER_OPTIONS)
+    run_init = init_on_devices.lower(keys, hp).compile(COMPILER_OPTIONS) if start is None else None
+    check_memory(args, [p for p in (run_init, run_segment) if p], len(devices))
+    compile_s, cached = time.perf_counter() - t0, any(e.endswith("hits") for e in EVENTS[seen:])
     if start is None:
-        runner, metrics = programs[0](keys, hp), None
+        state, metrics = run_init(keys, hp), None
     else:  # the checkpoint's leaves are [runs, ...]: the structure comes from init's
-        state, metrics = start
+        saved_state, metrics = start
         try:
-            runner = jax.tree.map(layout, flax.serialization.from_state_dict(shapes, state))
+            state = flax.serialization.from_state_dict(shapes, saved_state)
         except (ValueError, KeyError) as e:
             raise ArgError(f"--resume: the checkpoint's state does not fit this file's ({e})")
-    done, t_start = 0 if metrics is None else metrics["env_steps"].shape[1], time.perf_counter()
-    steps_before = 0 if metrics is None or not done else metrics["env_steps"][0, done - 1]
-    valid = lambda first: min(length, train.num_updates - first)
-    out = advance(hp, runner, per_device(valid(done)))
+        if args.pbt:  # those of the last segment; the population steps on as it would have
+            hp_runs = {k: metrics[f"hp/{k}"][:, -1] for k in HPARAMS}
+            state, hp_runs, _ = population(state, hp_runs, metrics, metrics["env_steps"].shape[1])
+        state = jax.tree.map(layout, state)
+    done = 0 if metrics is None else metrics["env_steps"].shape[1]
+    steps_before = 0 if done == 0 else metrics["env_steps"][0, done - 1]
+    valid = lambda first: min(length, train.num_updates - first)  # updates in that segment
+    t_start = time.perf_counter()
+    out = run_segment(jax.tree.map(layout, hp_runs), state, per_device(valid(done)))
     for first in range(done, train.num_updates, length):
         state, new = gather(out)  # (this waits for the segment)
-        if first + length < train.num_updates:  # the next one runs while the host writes this one
-            out = advance(hp, out[0], per_device(valid(first + length)))
         new = jax.tree.map(lambda x: x[:, :valid(first)], new)
         metrics = new if metrics is None else jax.tree.map(
             lambda a, b: np.concatenate([a, b], axis=1), metrics, new)
+        following = out[0]  # the next segment runs while the host writes this one
+        if args.pbt:  # (a population's step waits for this one's end); the copies' sources
+            following, hp_runs, copied = population(state, hp_runs, metrics, first + length)
+            following = jax.tree.map(layout, following)
+            if copied is not None:  # at the segment's last update
+                column = np.where(copied < 0, np.nan, copied)[:, None]
+                metrics["pbt/copied_from"] = np.hstack([metrics["pbt/copied_from"][:, :-1], column])
+        if first + length < train.num_updates:
+            out = run_segment(jax.tree.map(layout, hp_runs), following,
+                              per_device(valid(first + length)))
         run_s = time.perf_counter() - t_start
         yield state, metrics, {
             "compile_s": compile_s, "run_s": run_s, "cached": cached, "first": first,
@@ -646,8 +746,7 @@ def segments(args: Args, num_devices: Optional[int] = None, start=None):
 
 
 def check_memory(args: Args, programs, devices: int):
-    """Refuse programs whose arguments, outputs and temporaries (XLA's estimate) exceed the memory
-    this process can have: on CPU what the machine has available; else each device's own."""
+    """Refuse programs whose memory (XLA's estimate) exceeds what this process can have."""
     need = max(m.argument_size_in_bytes + m.output_size_in_bytes + m.temp_size_in_bytes
                - m.alias_size_in_bytes for m in (p.memory_analysis() for p in programs))
     if jax.default_backend() == "cpu":
@@ -661,10 +760,27 @@ def check_memory(args: Args, programs, devices: int):
         where = f"on each {jax.default_backend()} device"
         have = (jax.local_devices()[0].memory_stats() or {}).get("bytes_limit", np.inf)
     if need > have:
-        sizes = ", ".join(flag(k) for k in ("num_envs", "num_steps", "num_agents", "num_seeds")
-                          if hasattr(args, k))
+        sizes = ", ".join(flag(k) for k in (*SIZE_FLAGS, "num_seeds"))
         raise ArgError(f"the run needs about {need / 2**30:.1f} GiB (XLA's estimate), more than "
                        f"the {have / 2**30:.1f} GiB {where}: make {sizes} smaller")
+
+
+def exploit_and_explore(args: Args, state, hp, fitness, key):
+    """PBT's step (Jaderberg et al. 2017) over the population ([runs, ...] leaves, hp {flag:
+    [runs]}, fitness [runs]): each of the bottom --pbt-fraction copies the state (but its key) and
+    hyperparameters of a member drawn from the top fraction, then multiplies each swept float by
+    0.8 or 1.25, where its rule still holds. (state, hp, copied_from [runs]: -1 for the others)."""
+    runs = len(fitness)
+    n, order = max(1, int(args.pbt_fraction * runs)), jnp.argsort(fitness)  # worst first
+    k_pick, *k_flags = jax.random.split(key, 1 + len(HPARAMS))
+    source = jnp.arange(runs).at[order[:n]].set(jax.random.choice(k_pick, order[-n:], (n,)))
+    copied = jnp.where(source == jnp.arange(runs), -1, source)
+    hp = {k: v[source] for k, v in hp.items()}
+    for (k, (_, holds)), k_flag in zip(HPARAMS.items(), k_flags):
+        if len(getattr(args, k)) > 1:  # a swept flag
+            moved = hp[k] * jnp.where(jax.random.bernoulli(k_flag, 0.5, (runs,)), 0.8, 1.25)
+            hp[k] = jnp.where((copied >= 0) & holds(moved), moved, hp[k])
+    return jax.tree.map(lambda x: x[source], state)._replace(key=state.key), hp, copied
 
 
 def run(args: Args, num_devices: Optional[int] = None):
@@ -674,7 +790,7 @@ def run(args: Args, num_devices: Optional[int] = None):
     return *jax.tree.map(lambda x: x.reshape(*lead, *x.shape[1:]), (state, metrics)), timing
 
 
-# ---------------------------------------------------------------------------- output
+# ------------------------------------ output: progress, statistics, summary, tensorboard events
 def final_returns(metrics, fraction=0.05):
     """Per run: mean episode_return over the last `fraction` of updates (NaNs ignored)."""
     returns = np.asarray(metrics["episode_return"])
@@ -694,42 +810,65 @@ def progress(args: Args, metrics, timing) -> str:
             f"SPS {timing['sps']:,.0f}")
 
 
+def iqm(x) -> float:
+    """Interquartile mean (Agarwal et al. 2021): the mean of the middle half of the values."""
+    x = np.sort(np.asarray(x, dtype=np.float64).ravel())
+    low, high = int(np.floor(0.25 * len(x))), int(np.ceil(0.75 * len(x)))
+    return float(x[low:high].mean()) if high > low else float(x.mean())
+
+
+def bootstrap_ci(x, stat=np.mean, resamples: int = 5000, level: float = 0.95, seed: int = 0):
+    """Percentile-bootstrap confidence interval of `stat` over the runs in x."""
+    x = np.asarray(x, dtype=np.float64).ravel()
+    picks = np.random.default_rng(seed).integers(0, len(x), size=(resamples, len(x)))
+    stats = [stat(x[p]) for p in picks]
+    return tuple(float(q) for q in np.quantile(stats, [(1 - level) / 2, (1 + level) / 2]))
+
+
 def summary(args: Args, metrics, timing, evals={}) -> str:
-    """metrics: [runs, updates] leaves; evals: {tag: [runs]}. One configuration: its seeds' final
-    results; a sweep: a row per configuration, the best (by SCORE) first."""
+    """metrics [runs, updates], evals {tag: [runs]}: a configuration's seeds, or a sweep's rows."""
     configs, shown = grid(args), {**dict.fromkeys(evals, "{:.4g}"), **SHOWN}
     by_config = lambda x: np.asarray(x).reshape(len(configs), args.num_seeds)
     finals = {"episode_return": by_config(final_returns(metrics)),
               **{k: by_config(evals[k] if k in evals else metrics[k][:, -1]) for k in shown}}
     sweep = f"{len(configs)} configurations x " if len(configs) > 1 else ""
+    flags = {f.name: getattr(args, f.name) for f in dataclasses.fields(Hyperparams)}
+    flags = {k: v for k, v in flags.items() if k != "env_id" and not (k in HPARAMS and len(v) > 1)}
     lines = [f"{args.exp_name} on {args.env_id}: {sweep}{args.num_seeds} seeds x "
-             f"{metrics['env_steps'][0, -1]:,.0f} steps", "flags: " + " ".join(  # as resolved
-                 f"{k}={v[0] if isinstance(v, tuple) and len(v) == 1 else v}" for k, v in (
-                     (f.name, getattr(args, f.name)) for f in dataclasses.fields(Hyperparams)[1:])
-                 if not (k in HPARAMS and len(v) > 1))]  # all but --env-id and swept flags
+             f"{metrics['env_steps'][0, -1]:,.0f} steps",  # then the flags as resolved, but swept
+             "flags: " + " ".join(f"{k}={v[0] if k in HPARAMS else v}" for k, v in flags.items())]
     timing_line = (f"{timing['devices']} device(s)  compile {timing['compile_s']:.1f} s"
                    f"{' (cache)' if timing['cached'] else ''}  run {timing['run_s']:.1f} s  |  "
                    f"{timing['sps']:,.0f} steps/s")
-    returns = finals["episode_return"]
+    returns, varied = finals["episode_return"], [k for k in HPARAMS if len(getattr(args, k)) > 1]
     if len(configs) == 1:
-        return "\n".join(
-            [*lines, "final return per seed (last 5% of updates): "
-             + " ".join(f"{r:.4g}" for r in returns[0])]
-            + [f"{k} per seed ({'last update' if k in SHOWN else f'{args.eval_episodes} episodes'}"
-               f"): " + " ".join(form.format(x) for x in finals[k][0]) for k, form in shown.items()]
-            + [f"mean {np.mean(returns):.4g}  min {np.min(returns):.4g}  |  {timing_line}"])
-    varied = [k for k in HPARAMS if len(getattr(args, k)) > 1]
-    lines.append(" | ".join(varied + ["final return mean [95% CI over seeds]", "IQM", "worst",
-                                      *shown]))
-    for c in np.argsort(-finals[SCORE].mean(1), kind="stable"):
-        x = returns[c]  # this configuration's seeds: bootstrap their mean; IQM: the middle half
-        resamples = np.random.default_rng(c).integers(0, len(x), (2000, len(x)))
-        ci = np.percentile(x[resamples].mean(1), [2.5, 97.5])
-        iqm = np.sort(x)[len(x) // 4:len(x) - len(x) // 4].mean()
-        lines.append(" | ".join(
-            [f"{configs[c][k]:g}" for k in varied]
-            + [f"{x.mean():.4g} [{ci[0]:.4g}, {ci[1]:.4g}]", f"{iqm:.4g}", f"{x.min():.4g}"]
-            + [form.format(finals[k][c].mean()) for k, form in shown.items()]))
+        lines.append("final return per seed (last 5% of updates): "
+                     + " ".join(f"{r:.4g}" for r in returns[0]))
+        for k, form in shown.items():
+            what = "last update" if k in SHOWN else f"{args.eval_episodes} episodes"
+            values = " ".join(form.format(x) for x in finals[k][0])
+            lines.append(f"{k} per seed ({what}): {values}")
+        timing_line = f"mean {np.mean(returns):.4g}  min {np.min(returns):.4g}  |  {timing_line}"
+    else:
+        lines.append(" | ".join([*varied, "final return mean [95% CI over seeds]", "IQM", "worst",
+                                 *shown]))
+        for c in np.argsort(-finals[SCORE].mean(1), kind="stable"):
+            x, ci = returns[c], bootstrap_ci(returns[c])  # over this configuration's seeds
+            lines.append(" | ".join(
+                [f"{configs[c][k]:g}" for k in varied]
+                + [f"{x.mean():.4g} [{ci[0]:.4g}, {ci[1]:.4g}]", f"{iqm(x):.4g}", f"{x.min():.4g}"]
+                + [form.format(finals[k][c].mean()) for k, form in shown.items()]))
+    if args.pbt:  # the final population best first, its values in force, the best's schedule
+        members, steps = final_returns(metrics), metrics["env_steps"][0]
+        order = np.argsort(-members, kind="stable")
+        lines.append("population, best first: run | final return | " + " | ".join(varied))
+        lines += [" | ".join([str(r), f"{members[r]:.4g}"] + [f"{metrics[f'hp/{k}'][r, -1]:.4g}"
+                                                             for k in varied]) for r in order]
+        for k in varied:
+            schedule = metrics[f"hp/{k}"][order[0]]
+            changes = [0, *np.flatnonzero(np.diff(schedule)) + 1]  # where a new value holds
+            lines.append(f"run {order[0]}'s {k}: " + ", ".join(
+                f"{schedule[i]:.4g} from step {steps[i] - steps[0]:,.0f}" for i in changes))
     return "\n".join(lines + [timing_line])
 
 
@@ -741,47 +880,49 @@ def config_dirs(run_dir, args: Args) -> list:
 
 
 class Tensorboard:
-    """Event files by the tensorboard package alone, one per run, appended after each segment."""
+    """An event file per run by tensorboard's own writer, flushed after each segment."""
     TAGS = {"episode_return": "charts/episodic_return", "episode_length": "charts/episodic_length"}
 
     def __init__(self, run_dir, args: Args, done):  # done: the env_steps already written
-        name = f"events.out.tfevents.{time.time():010.0f}.{socket.gethostname()}.{os.getpid()}"
-        self.paths, self.written = [], done.shape[1]
+        self.writers, self.written = [], done.shape[1]
         for one, config_dir in config_dirs(run_dir, args):
             table = "|param|value|\n|-|-|\n" + "\n".join(f"|{k}|{v}|" for k, v in vars(one).items())
-            # A resumed run's file opens with START: TensorBoard hides the stopped run's later steps
-            first = Event(step=int(done[0, -1]) + 1, session_log=SessionLog(
-                status=SessionLog.START)) if done.size else Event(
-                summary=text_pb("hyperparameters", table))
-            for k in range(args.num_seeds):
-                self.paths.append(os.path.join(config_dir, f"seed_{k}", name))
-                os.makedirs(os.path.dirname(self.paths[-1]), exist_ok=True)
-                self.append(self.paths[-1], [Event(file_version="brain.Event:2"), first])
-
-    @staticmethod
-    def append(path, events):
-        try:
-            with open(path, "ab") as f:
-                for event in events:
-                    event.wall_time = time.time()
-                    RecordWriter(f).write(event.SerializeToString())
-        except OSError as e:
-            raise OSError(e.errno, e.strerror, path) from None
+            first = Event(summary=text_pb("hyperparameters", table))
+            if done.size:  # a resumed run's START: TensorBoard drops the stopped run's later steps
+                first = Event(step=int(done[0, -1]) + 1,
+                              session_log=SessionLog(status=SessionLog.START))
+            for k in range(args.num_seeds):  # (an OSError here names its path)
+                self.writers.append(EventFileWriter(os.path.join(config_dir, f"seed_{k}")))
+                self.writers[-1].add_event(first)
 
     def write(self, metrics, last: dict):
-        """Append the updates of `metrics` ([runs, updates so far]) not written yet, and the
-        values of `last` ({tag: [runs]}: speed, evaluation) at each run's last step."""
+        """metrics' updates not written yet, `last` {tag: [runs]} at each run's last step."""
         new = {k: v[:, self.written:] for k, v in metrics.items()}
         self.written, steps = metrics["env_steps"].shape[1], new.pop("env_steps")
-        scalar = lambda tag, value, step: Event(step=int(step), summary=Summary(value=[
-            Summary.Value(tag=self.TAGS.get(tag, tag.replace("loss/", "losses/")),
-                          simple_value=float(value))]))
-        for r, path in enumerate(self.paths):
-            self.append(path, [scalar(k, v[r, i], step) for i, step in enumerate(steps[r])
-                               for k, v in new.items() if np.isfinite(v[r, i])]
-                        + [scalar(k, v[r], metrics["env_steps"][r, -1]) for k, v in last.items()])
+        for r, writer in enumerate(self.writers):
+            for i, step in enumerate(steps[r]):
+                for k, v in new.items():
+                    if np.isfinite(v[r, i]):
+                        writer.add_event(self.scalar(k, v[r, i], step))
+            for k, v in last.items():
+                writer.add_event(self.scalar(k, v[r], metrics["env_steps"][r, -1]))
+            try:
+                writer.flush()
+            except OSError as e:  # (its thread's: quiet_writer_errors keeps it to one line)
+                raise OSError(e.errno, e.strerror, writer.get_logdir()) from None
+
+    def scalar(self, name: str, value, step) -> Event:
+        value = Summary.Value(tag=self.TAGS.get(name, name.replace("loss/", "losses/")),
+                              simple_value=float(value))
+        return Event(wall_time=time.time(), step=int(step), summary=Summary(value=[value]))
+
+    @staticmethod
+    def quiet_writer_errors(hook):  # (threading.excepthook: write() reports a writer's error)
+        if not issubclass(hook.exc_type, OSError):
+            threading.__excepthook__(hook)
 
 
+# ------------------------------------------- files: checkpoints and models; evaluation and GIFs
 def write_atomic(path, data: bytes):
     """Write beside `path`, then rename: a reader, or a crash, sees the old file or the new one;
     a failed write leaves no temporary file and names `path`. Mode: as open() gives (umask)."""
@@ -810,20 +951,24 @@ def write_checkpoint(run_dir, args: Args, state, metrics, num_updates):
     write_atomic(os.path.join(run_dir, "checkpoint.msgpack"), hashlib.sha256(data).digest() + data)
 
 
-FORMAT = 1  # of checkpoint.msgpack: a file reads the format it writes, and refuses others
+FORMAT = 2  # of checkpoint.msgpack: a file reads the format it writes, and refuses others
 # Flags that --resume and --load-model may change, which do not change what is computed: the
 # runner's, but these. Typed, they win; else the saved value holds, but for this process's own.
 RESUME_MAY_CHANGE = {f.name for f in dataclasses.fields(Args)} - {
-    f.name for f in dataclasses.fields(Hyperparams)} - {"seed", "num_seeds", "num_segments"}
+    f.name for f in dataclasses.fields(Hyperparams)} - {"seed", "num_seeds", "num_segments", "pbt",
+                                                         "pbt_every", "pbt_fraction"}
 THIS_PROCESS = ("resume", "load_model", "compile_cache_dir", "distributed", "coordinator_address",
                 "num_processes", "process_id")
 
 
 def read_saved(args: Args, argv) -> tuple:
-    """(arguments, contents) of --resume's checkpoint or --load-model's model: the saved arguments,
+    """(arguments, contents) of --resume's checkpoint or --load-model's model: the saved arguments
     but for the typed flags of RESUME_MAY_CHANGE (the others must agree)."""
-    name, path = ("--resume", os.path.join(args.resume, "checkpoint.msgpack")) if args.resume \
-        else ("--load-model", args.load_model)
+    if args.load_model and args.resume:
+        raise ArgError("--load-model plays a saved model; --resume trains on: choose one")
+    name, path = "--load-model", args.load_model
+    if args.resume:
+        name, path = "--resume", os.path.join(args.resume, "checkpoint.msgpack")
     try:
         with open(path, "rb") as f:
             digest, data = (f.read(32), f.read()) if args.resume else (None, f.read())
@@ -843,35 +988,24 @@ def read_saved(args: Args, argv) -> tuple:
                        f"file's ({', '.join(sorted(set(flags) ^ ours))})")
     typed = {a.split("=")[0] for a in argv}
     for k, v in flags.items():
-        if (k not in RESUME_MAY_CHANGE and flag(k) in typed
-                and json.loads(json.dumps(getattr(args, k))) != v):
+        differs = json.loads(json.dumps(getattr(args, k))) != v  # (tuples as JSON's lists)
+        if k not in RESUME_MAY_CHANGE and flag(k) in typed and differs:
             raise ArgError(f"{flag(k)} differs from the saved {v}: {name} takes the run as it "
                            "was started")
     if args.resume and saved["metrics"]["env_steps"].shape[1] >= saved["num_updates"]:
         raise ArgError(f"--resume {args.resume}: that run is finished (no update left)")
-    as_tuples = lambda v: tuple(map(as_tuples, v)) if isinstance(v, list) else v
-    return dataclasses.replace(args, **{k: as_tuples(v) for k, v in flags.items() if not (
-        k in THIS_PROCESS or k in RESUME_MAY_CHANGE and flag(k) in typed)}), saved
 
+    def as_tuples(value):  # JSON's lists, nested too, as the tuples the flags hold
+        return tuple(as_tuples(v) for v in value) if isinstance(value, list) else value
 
-def undrawable(env_id) -> Optional[str]:
-    """Why gymnax cannot draw env_id here (an env it does not know; no pygame), or None."""
-    for device in ("SDL_VIDEODRIVER", "SDL_AUDIODRIVER"):  # classic control's pygame: headless
-        os.environ.setdefault(device, "dummy")
-    import gymnax
-    from gymnax.visualize import Visualizer
-    try:
-        env, env_params = gymnax.make(env_id)
-        gif = Visualizer(env, env_params, [env.reset(jax.random.PRNGKey(0), env_params)[1]])
-        gif.init()
-    except Exception as e:
-        return str(e).splitlines()[0]
-    return None if hasattr(gif, "im") else "gymnax has no drawing of it"
+    kept = {k: as_tuples(v) for k, v in flags.items()
+            if k not in THIS_PROCESS and not (k in RESUME_MAY_CHANGE and flag(k) in typed)}
+    return dataclasses.replace(args, **kept), saved
 
 
 def play(args: Args, runner, key, episodes: int):
-    """`episodes` fresh episodes of a run's policy by its most likely actions, as many by sampled
-    ones, to the time limit: per step [T, 2 x episodes] the env states before it, rewards, ended."""
+    """`episodes` fresh episodes of a run's policy by its most likely actions, as many sampled, to
+    the time limit: per step [T, 2 x episodes] the env states before it, rewards, ended."""
     import gymnax
     env, env_params = gymnax.make(args.env_id)
     act, vstep = make_train(args).act, jax.vmap(env.step, in_axes=(0, 0, 0, None))
@@ -891,8 +1025,9 @@ def play(args: Args, runner, key, episodes: int):
 
 
 def evaluator(args: Args):
-    """One configuration's final states ([seeds, ...] leaves) -> each seed's mean return over
-    --eval-episodes fresh episodes, greedy and sampled (one jitted call); None without `act`."""
+    """The runs' final states ([runs, ...] leaves) -> {tag: [runs]}, each run's mean return over
+    --eval-episodes fresh episodes, greedy and sampled (seed k's keys in every configuration);
+    None without `act`."""
     if not (args.eval_episodes and hasattr(make_train(args), "act")):
         return None
 
@@ -904,6 +1039,7 @@ def evaluator(args: Args):
 
     scores = jax.jit(jax.vmap(mean_returns))
     keys = jax.random.split(jax.random.fold_in(jax.random.PRNGKey(args.seed), 1), args.num_seeds)
+    keys = jnp.tile(keys, (len(grid(args)), 1))
     return lambda state: jax.device_get(scores(state, keys))
 
 
@@ -921,35 +1057,36 @@ def capture_gif(path, args: Args, state):
 
 
 def save_model(model_dir, args: Args, state):
-    """Atomically write the file's `model` of every seed, and the arguments, to model.msgpack."""
+    """Atomically write saved_model(state) of every seed, and the arguments, to model.msgpack."""
     write_atomic(os.path.join(model_dir, "model.msgpack"), flax.serialization.msgpack_serialize(
         {"format": FORMAT, "file": os.path.basename(__file__),
-         "args": json.dumps(dataclasses.asdict(args)), **model(state)}))
+         "args": json.dumps(dataclasses.asdict(args)), **saved_model(state)}))
     return os.path.join(model_dir, "model.msgpack")
 
 
 def load_model(args: Args, saved):
-    """Each seed's state from a saved model: init's, with the leaves `model` picks replaced."""
+    """Each seed's state from a saved model: init's, with the leaves saved_model picks replaced."""
     hp = {k: jnp.full(args.num_seeds, getattr(args, k)[0], jnp.float32) for k in HPARAMS}
     leaves, treedef = jax.tree.flatten(jax.vmap(make_train(args).init)(
         jax.random.split(jax.random.PRNGKey(args.seed), args.num_seeds), hp))
-    where = model(jax.tree.unflatten(treedef, range(len(leaves))))  # leaf indices, as saved
+    where = saved_model(jax.tree.unflatten(treedef, range(len(leaves))))  # leaf indices
     mine = {k: saved.get(k) for k in where}
-    if jax.tree.structure(mine) != jax.tree.structure(where) or any(
-            np.shape(x) != leaves[i].shape for i, x in zip(*map(jax.tree.leaves, (where, mine)))):
+    same_tree = jax.tree.structure(mine) == jax.tree.structure(where)
+    if not same_tree or any(np.shape(x) != leaves[i].shape
+                            for i, x in zip(*map(jax.tree.leaves, (where, mine)))):
         raise ArgError(f"--load-model {args.load_model}: its model does not fit this file's")
     for i, x in zip(*map(jax.tree.leaves, (where, mine))):
         leaves[i] = x
     return jax.tree.unflatten(treedef, leaves)
 
 
-# ---------------------------------------------------------------------------- main
+# ------------------------------ main: signals, the sweep and its files, errors as one line each
 STOP = []  # the signals received: the run stops at the end of the current segment
 
 
 def stop_after_segment(signum, frame):
     """The first Ctrl-C or SIGTERM (a scheduler's notice of preemption) lets the segment finish
-    and checkpoint; a second signal, with the default handlers back, stops at once."""
+    and checkpoint; a second one (the default handlers back) stops at once."""
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, signal.SIG_DFL)
     STOP.append(signum)
@@ -957,36 +1094,39 @@ def stop_after_segment(signum, frame):
           "once)", file=sys.stderr)
 
 
-def train_and_write(args: Args, checkpoint, run_dir, writer):
-    """The sweep: progress, events and a checkpoint after each segment; then evaluation, files."""
-    start = checkpoint and (checkpoint["state"], checkpoint["metrics"])
-    board = writer and args.track and Tensorboard(
-        run_dir, args, start[1]["env_steps"] if start else np.zeros((1, 0)))
-    pick = lambda tree, c: jax.tree.map(lambda x: x[c * args.num_seeds:][:args.num_seeds], tree)
-    evaluate = writer and evaluator(args)  # each configuration's seeds: one program for all
-    scores = lambda state: evaluate and jax.tree.map(lambda *x: np.concatenate(x), *(
-        evaluate(pick(state, c)) for c in range(len(grid(args))))) or {}
+def train_and_write(args: Args, checkpoint, run_dir, is_lead: bool):
+    """The sweep: progress, events and a checkpoint after each segment (is_lead: this process
+    writes and prints, process 0 of --distributed), then evaluation and files."""
+    start = (checkpoint["state"], checkpoint["metrics"]) if checkpoint else None
+    done = start[1]["env_steps"] if start else np.zeros((1, 0))  # the steps already written
+    events = Tensorboard(run_dir, args, done) if is_lead and args.track else None
+    evaluate, evals = evaluator(args) if is_lead else None, {}
     for state, metrics, timing in segments(args, start=start):
-        evals = scores(state) if args.eval_every_segment else {}
-        if board:
-            board.write(metrics, {"charts/SPS": [timing["sps"]] * len(metrics["env_steps"]),
-                                  **evals})
-        if writer:
+        if args.eval_every_segment and evaluate:
+            evals = evaluate(state)
+        if events:
+            speed = [timing["sps"]] * len(metrics["env_steps"])
+            events.write(metrics, {"charts/SPS": speed, **evals})
+        if is_lead:
             write_checkpoint(run_dir, args, state, metrics, timing["num_updates"])
             print(progress(args, metrics, timing), flush=True)
         # Every process stops after the same segment: the others would wait for it forever.
-        if (stop := multihost_utils.process_allgather(np.int32(STOP[0] if STOP else 0))).any():
-            if writer:
+        stop = multihost_utils.process_allgather(np.int32(STOP[0] if STOP else 0))
+        if stop.any():
+            if is_lead:
                 print(f"stopped with a checkpoint; continue with: python {sys.argv[0]} --resume "
                       f"{run_dir}", flush=True)
             sys.exit(128 + int(stop.max()))  # 130 after Ctrl-C, 143 after SIGTERM
-    if not writer:
+    if not is_lead:
         return
-    if not args.eval_every_segment and (evals := scores(state)) and board:
-        board.write(metrics, evals)
+    if evaluate and not args.eval_every_segment:
+        evals = evaluate(state)
+        if events:
+            events.write(metrics, evals)
     for c, (one, config_dir) in enumerate(config_dirs(run_dir, args)):
         os.makedirs(config_dir, exist_ok=True)
-        write_files(config_dir, one, pick(state, c), args.save_model)
+        seeds = slice(c * args.num_seeds, (c + 1) * args.num_seeds)  # this configuration's
+        write_files(config_dir, one, jax.tree.map(lambda x: x[seeds], state), args.save_model)
     print(summary(args, metrics, timing, evals))
 
 
@@ -999,49 +1139,50 @@ def write_files(folder, args: Args, state, saving: bool):
         print(f"saved {path}")
 
 
-def play_back(args: Args, saved):
-    """--load-model: the saved policy of each seed, evaluated and drawn, as after training."""
-    state, evaluate = load_model(args, saved), evaluator(args)
-    print(f"{args.exp_name} on {args.env_id}: {args.num_seeds} seeds of {args.load_model}")
-    write_files(os.path.dirname(args.load_model), args, state, saving=False)
-    for k, v in (evaluate(state) if evaluate else {}).items():
-        print(f"{k} per seed ({args.eval_episodes} episodes): "
-              + " ".join(f"{x:.4g}" for x in v))
-
-
 def main():
-    use_every_core()
+    # A CPU device per core (XLA runs a program on about one), unless XLA_FLAGS or jax chose.
+    if ("xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", "")
+            and jax.config.jax_num_cpu_devices < 0 and jax.default_backend() == "cpu"):
+        jax.extend.backend.clear_backends()
+        jax.config.update("jax_num_cpu_devices", os.cpu_count() or 1)
     try:
-        args = validate(parse(sys.argv[1:]))
-        args, saved = read_saved(args, sys.argv[1:]) if args.resume or args.load_model else (
-            args, None)
+        args, saved = parse(sys.argv[1:]), None
+        if args.resume or args.load_model:  # the saved flags, before any is judged
+            args, saved = read_saved(args, sys.argv[1:])
+        args = validate(args)
         start_processes(args)
         run_dir = args.resume or os.path.join(
             args.log_dir, f"{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}")
-        writer = jax.process_index() == 0  # --distributed: process 0 alone writes and prints
-        if writer and not args.load_model:
+        is_lead = jax.process_index() == 0  # --distributed: process 0 alone writes and prints
+        if is_lead and not args.load_model:
             os.makedirs(run_dir, exist_ok=True)  # before anything compiles: --log-dir must work
-    except (ArgError, OSError) as e:
-        print(f"error: {e if isinstance(e, ArgError) else f'--log-dir: {e}'}", file=sys.stderr)
+    except (ArgError, OSError) as e:  # (an OSError: --log-dir cannot be made)
+        print(f"error: {'' if isinstance(e, ArgError) else '--log-dir: '}{e}", file=sys.stderr)
         sys.exit(2)
     # The cache is set up at the first compile (importing gymnax runs some): set it up again.
     compilation_cache.set_cache_dir(args.compile_cache_dir or None)
     compilation_cache.reset_cache()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, stop_after_segment)
+    threading.excepthook = Tensorboard.quiet_writer_errors
     try:
-        if args.load_model:
-            play_back(args, saved)
-        else:
-            train_and_write(args, saved, run_dir, writer)
+        if not args.load_model:
+            train_and_write(args, saved, run_dir, is_lead)
+        else:  # the saved policy of each seed, evaluated and drawn as after training
+            state, evaluate = load_model(args, saved), evaluator(args)
+            print(f"{args.exp_name} on {args.env_id}: {args.num_seeds} seeds of {args.load_model}")
+            write_files(os.path.dirname(args.load_model), args, state, saving=False)
+            for k, v in (evaluate(state) if evaluate else {}).items():
+                print(f"{k} per seed ({args.eval_episodes} episodes): "
+                      + " ".join(f"{x:.4g}" for x in v))
     except ArgError as e:  # the memory check, or a checkpoint this file cannot continue
-        if writer and not args.resume:
+        if is_lead and not args.resume:
             shutil.rmtree(run_dir, ignore_errors=True)
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
     except OSError as e:  # a file that cannot be written: no space left, no permission...
-        print(f"error: cannot write {e.filename}: {e.strerror}" + ("" if args.load_model else
-              f" (the last checkpoint in {run_dir} is intact)"), file=sys.stderr)
+        intact = "" if args.load_model else f" (the last checkpoint in {run_dir} is intact)"
+        print(f"error: cannot write {e.filename}: {e.strerror}{intact}", file=sys.stderr)
         sys.exit(74)  # EX_IOERR
 
 

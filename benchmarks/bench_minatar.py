@@ -95,18 +95,18 @@ def verdict(final, target: float) -> str:
 
 
 def time_to_target(result: dict, target: float):
-    """(env steps per seed, seconds from the process's launch) at the end of the first curve bin
-    whose mean over the seeds reached target (updates taken as equally long), None if none."""
+    """(env steps per seed, seconds from the process's launch) at the end of the curve bin from
+    which the mean over the seeds held the target to the end (common.held_from, the sustained
+    rule of every table: one lucky bin does not count; updates taken as equally long), or None."""
     curves = np.array(result["curves"][0], dtype=np.float64)  # [seeds, bins], None -> NaN
-    with warnings.catch_warnings():  # a bin where no seed finished an episode: NaN, no hit
+    with warnings.catch_warnings():  # a bin where no seed finished an episode: NaN, ignored
         warnings.simplefilter("ignore", RuntimeWarning)
-        hit = np.nan_to_num(np.nanmean(curves, axis=0), nan=-np.inf) >= target
-    if not hit.any():
+        first = int(common.held_from(np.nanmean(curves, axis=0), target))
+    if first < 0:
         return None
     steps = result["curve_steps"]
-    step = steps[int(hit.argmax())]
     run_start = result["returned_at"] - result["run_s"] - result["launched_at"]
-    return step, run_start + step / steps[-1] * result["run_s"]
+    return steps[first], run_start + steps[first] / steps[-1] * result["run_s"]
 
 
 def scored(r: dict) -> np.ndarray:

@@ -82,26 +82,19 @@ def md_table(headers: list[str], rows: list[list]) -> str:
 
 
 def iqm(x) -> float:
-    """Interquartile mean (Agarwal et al. 2021): the mean of the middle 50% of the values."""
-    x = np.sort(np.asarray(x, dtype=np.float64).ravel())
-    n = len(x)
-    lo, hi = int(np.floor(0.25 * n)), int(np.ceil(0.75 * n))
-    return float(x[lo:hi].mean()) if hi > lo else float(x.mean())
+    """Interquartile mean (Agarwal et al. 2021): the runner's (ppo.py's), which every table uses."""
+    return import_algo("ppo").iqm(x)
 
 
-def bootstrap_ci(x, stat=np.mean, n_boot: int = 5000, level: float = 0.95, seed: int = 0):
-    """Percentile-bootstrap confidence interval of `stat` over the runs in `x`."""
-    x = np.asarray(x, dtype=np.float64).ravel()
-    rng = np.random.default_rng(seed)
-    idx = rng.integers(0, len(x), size=(n_boot, len(x)))
-    stats = np.array([stat(x[i]) for i in idx])
-    a = (1.0 - level) / 2.0
-    return float(np.quantile(stats, a)), float(np.quantile(stats, 1.0 - a))
+def bootstrap_ci(x, stat=np.mean):
+    """Percentile-bootstrap 95% CI of `stat` over the runs in x: the runner's (ppo.py's), with its
+    settings (5,000 resamples), as the training summary prints it."""
+    return import_algo("ppo").bootstrap_ci(x, stat)
 
 
 def with_ci(x, stat=np.mean, spec: str = ".4g") -> str:
     """'stat [low, high]': the statistic over the seeds in x with its 95% bootstrap CI."""
-    lo, hi = bootstrap_ci(x, stat=stat, n_boot=2000)
+    lo, hi = bootstrap_ci(x, stat=stat)
     return f"{stat(np.asarray(x, dtype=np.float64)):{spec}} [{lo:{spec}}, {hi:{spec}}]"
 
 

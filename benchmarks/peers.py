@@ -14,7 +14,8 @@ its mean over a trailing 5% of its points at or above it from then to the end, c
 - rejax PPO (pure JAX): its tuned gymnax configuration (configs/gymnax/*.yaml in its repository),
   on the gymnax env seen through the 5-value step rejax 0.1 expects; its train() vmapped over 4
   seeds and pmapped over the 2 cores, one process; score: its own evaluation (16 episodes of the
-  stochastic policy) at 20 points of the run;
+  stochastic policy) at 20 points of the run (Pendulum-v1: 15, its updates of 10,000 steps
+  setting the spacing);
 - Stable-Baselines3 PPO (PyTorch): RL-Zoo's tuned hyperparameters; two processes with one torch
   thread each (one per core), each training 4 seeds in turn; score: the mean return of the
   episodes finished in a rollout (as ours: in an update).
@@ -271,7 +272,8 @@ def run(quick: bool = False) -> str:
             "seeds. "
             "Scores: ours, the mean return of the episodes finished in an update; SB3, in a "
             "rollout; rejax, its own evaluation (16 episodes of the stochastic policy at 20 "
-            "points of the run). Final return: the mean episode return over the last 5% of the "
+            "points of the run; 15 on Pendulum-v1, whose updates of 10,000 steps set the "
+            "spacing). Final return: the mean episode return over the last 5% of the "
             "budget (rejax: its last evaluation). Settings: ours, the defaults; rejax, its tuned "
             "gymnax configuration (configs/gymnax in its repository); SB3, RL-Zoo's tuned "
             "hyperparameters, its linear schedules included. Ratios: every-seed time over ours "

@@ -8,8 +8,9 @@
     python benchmarks/run.py --only envs  # every gymnax env, PPO and VPG beside a random policy
     python benchmarks/run.py --only long_runs  # segments vs one program, checkpoints, live
                                                # tensorboard (about 10 minutes)
-    python benchmarks/run.py --only minatar    # ppo.py's MinAtar preset on five games beside
-                                               # the published PPO returns (about 25 minutes)
+    python benchmarks/run.py --only minatar    # ppo.py's MinAtar presets on five games beside
+                                               # the published PPO returns (about 45 minutes)
+    python benchmarks/run.py --only pbt        # --pbt beside its fixed grid (about 20 minutes)
 
 Writes RESULTS.md (all tables, machine header and load averages first, the time of every section
 last) and the PNGs into --out (default benchmarks/results/). A full run into the default folder
@@ -71,11 +72,12 @@ SECTIONS = {  # selector -> module (in the order of RESULTS.md)
     "envs": "bench_envs",
     "long_runs": "bench_long_runs",
     "minatar": "bench_minatar",
+    "pbt": "bench_pbt",
     "peers": "peers",  # with --peers, after the others (its own requirements)
 }
 ALL = ("commands", "robustness", "q_learning", "is_eval")  # the default run
 QUICK_COST = {"commands": 2, "robustness": 3, "q_learning": 1, "is_eval": 4}  # relative, --quick
-OPTIONAL = ("envs", "long_runs", "minatar")  # run only when --only names them; written to <NAME>.md
+OPTIONAL = ("envs", "long_runs", "minatar", "pbt")  # run only when --only names them: <NAME>.md
 README_START, README_END = "<!-- results:start -->", "<!-- results:end -->"
 FAILED = []  # sections that raised: reported in their place, then the run exits non-zero
 

@@ -1,9 +1,15 @@
-"""The algorithm first: ppo.py, vpg.py and q_learning.py each open with their algorithm, then a
-fence line, then the runner, the same in the three files byte for byte. What the runner takes from
-the file above it is a short list of named hooks, and nothing above the fence uses the runner."""
+"""The algorithm first: each training file opens with its algorithm, then a fence line, then the
+runner, the same in every file byte for byte. The runner opens with its contract, the names it
+reads from above the fence; it reads no other, and nothing above the fence uses the runner."""
 import ast
+import contextlib
+import io
 import re
+import sys
+import typing
+from unittest import mock
 
+import numpy as np
 import pytest
 
 import ppo
@@ -12,29 +18,31 @@ import vpg
 from conftest import ALGOS
 
 FENCE = re.compile(r"^# =+ runner$", re.M)
-ABOVE = {"ppo": 400, "vpg": 400, "q_learning": 450}  # the most lines above the fence
-HOOKS = ("Hyperparams", "HPARAMS", "resolve", "make_train", "COMPILER_OPTIONS",
-         "SCORE", "SHOWN", "model", "Drawing", "draw")
+# The most lines above the fence, of the runner and of a file: DEVELOPERS.md's 400 (q_learning
+# 450), 780 and 1180, but ppo.py's and vpg.py's algorithm, asked for (see the issue-35 note): 415.
+ABOVE = {"ppo": 415, "vpg": 415, "q_learning": 450}
+RUNNER_LINES, FILE_LINES = 780, 1195
+MODULES = {"ppo": ppo, "vpg": vpg, "q_learning": ql}
 
 
-def split(name):
+def split(name, text=None):
     """(algorithm, runner) of algos/<name>.py: the text above the fence line, and from it on."""
-    text = (ALGOS / f"{name}.py").read_text()
+    text = text or (ALGOS / f"{name}.py").read_text()
     (fence,) = FENCE.finditer(text)  # exactly one fence
     return text[:fence.start()], text[fence.start():]
 
 
 def test_runners_are_byte_identical():
     runners = {name: split(name)[1] for name in ABOVE}
-    assert runners["vpg"] == runners["ppo"]
-    assert runners["q_learning"] == runners["ppo"]
+    for name in ABOVE:
+        assert runners[name] == runners["ppo"], name
 
 
 @pytest.mark.parametrize("name", ABOVE)
 def test_line_budgets(name):
     algorithm, runner = split(name)
     assert algorithm.count("\n") <= ABOVE[name]
-    assert runner.count("\n") <= 650 and (algorithm + runner).count("\n") <= 1050
+    assert runner.count("\n") <= RUNNER_LINES and (algorithm + runner).count("\n") <= FILE_LINES
     assert all(len(line) <= 100 for line in (algorithm + runner).splitlines())
 
 
@@ -52,33 +60,71 @@ def module_names(tree):
     return names
 
 
+def read_from(tree) -> set:
+    """The free names a piece of code reads: loaded, and bound nowhere in it."""
+    names = [n for n in ast.walk(tree) if isinstance(n, ast.Name)]
+    bound = {n.id for n in names if isinstance(n.ctx, ast.Store)} | module_names(tree) | {
+        a.arg for n in ast.walk(tree) if isinstance(n, ast.arguments)
+        for a in n.args + n.kwonlyargs + n.posonlyargs + [n.vararg, n.kwarg] if a}
+    bound |= {n.name for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.ClassDef))}
+    bound |= {(a.asname or a.name).split(".")[0] for n in ast.walk(tree)
+              if isinstance(n, (ast.Import, ast.ImportFrom)) for a in n.names}
+    return {n.id for n in names if isinstance(n.ctx, ast.Load)} - bound
+
+
+def unlisted(algorithm: str, runner: str) -> set:
+    """Names the runner reads from above the fence that its opening contract does not name."""
+    contract = re.match(r"(#.*\n)+", runner).group(0)
+    listed = set(re.findall(r"\w+", contract))
+    return (read_from(ast.parse(runner)) & module_names(ast.parse(algorithm))) - listed
+
+
+@pytest.mark.parametrize("name", ABOVE)
+def test_the_runner_reads_only_what_its_contract_lists(name):
+    algorithm, runner = split(name)
+    assert not unlisted(algorithm, runner)
+    # The check can fail: a runner that reads one more name from above is caught.
+    assert unlisted(algorithm, runner + "\nprint(RunnerState)\n") == {"RunnerState"}
+
+
 @pytest.mark.parametrize("name", ABOVE)
 def test_nothing_above_the_fence_uses_the_runner(name):
     """Every name the algorithm reads is bound above the fence (or a builtin): the runner's names
     (Args, ArgError, segments, the tensorboard writer...) are not reachable from it."""
     algorithm, runner = split(name)
-    tree = ast.parse(algorithm)
-    below = module_names(ast.parse(runner)) - module_names(tree)
-    names = [n for n in ast.walk(tree) if isinstance(n, ast.Name)]
-    local = {n.id for n in names if isinstance(n.ctx, ast.Store)} | {
-        a.arg for n in ast.walk(tree) if isinstance(n, ast.arguments)
-        for a in n.args + n.kwonlyargs + n.posonlyargs}
-    read = {n.id for n in names if isinstance(n.ctx, ast.Load)} - local
-    assert below and not read & below, read & below
-    # And the runner's few inputs from above are the named hooks.
-    assert {n for n in HOOKS if re.search(rf"\b{n}\b", runner)} == set(HOOKS)
+    below = module_names(ast.parse(runner)) - module_names(ast.parse(algorithm))
+    assert below and not read_from(ast.parse(algorithm)) & below
 
 
-@pytest.mark.parametrize("module", [ppo, vpg, ql], ids=lambda m: m.__name__)
+@pytest.mark.parametrize("module", MODULES.values(), ids=MODULES)
 def test_hooks(module):
-    """The hooks have the shapes the runner expects: SCORE ranks by the return or a SHOWN metric,
-    Drawing's flags are switches apart from the hyperparameters, a float hyperparameter's rule
-    holds for its default value."""
+    """The hooks have the shapes the contract states: SCORE ranks by the return or a SHOWN metric;
+    ExtraFlags are switches apart from the hyperparameters; every HPARAMS flag is a float tuple
+    whose rule holds for its value and works on arrays; every int flag has a least value."""
     assert module.SCORE == "episode_return" or module.SCORE in module.SHOWN
-    hyperparams = {f.name for f in module.dataclasses.fields(module.Hyperparams)}
-    for field in module.dataclasses.fields(module.Drawing):
-        assert field.type is bool and field.name not in hyperparams
-    assert set(module.HPARAMS) <= {f.name for f in module.dataclasses.fields(module.Hyperparams)}
+    fields = {f.name: f for f in module.dataclasses.fields(module.Hyperparams)}
+    for field in module.dataclasses.fields(module.ExtraFlags):
+        assert field.type is bool and field.name not in fields
     args = module.validate(module.Args())
     for name, (_, holds) in module.HPARAMS.items():
-        assert all(holds(x) for x in getattr(args, name)), name
+        assert "tuple[float, ...]" in str(fields[name].type), name
+        values = np.array(getattr(args, name), np.float32)
+        assert np.all(holds(values)) and all(holds(float(x)) for x in values), name
+    ints = {name for name, f in fields.items() if f.type in (int, typing.Optional[int])}
+    assert ints == set(module.COUNTS)
+    assert set(module.SIZE_FLAGS) <= set(fields)
+
+
+@pytest.mark.parametrize("module", MODULES.values(), ids=MODULES)
+def test_help_shows_what_runs(module):
+    """--help: no flag's default shows as None; a flag a preset or a rule fills shows its value
+    on the default env and where the other envs' come from."""
+    out = io.StringIO()
+    with mock.patch.object(sys, "argv", ["x.py", "--help"]), contextlib.redirect_stdout(out), \
+            mock.patch.dict("os.environ", {"COLUMNS": "200"}), pytest.raises(SystemExit):
+        module.main()
+    text = out.getvalue()
+    assert "(default: None)" not in text and "--learning-rate" in text
+    if module is ppo:
+        assert re.search(r"parallel environments per seed \(default: 32 on CartPole-v1; per "
+                         r"env: PRESETS in ppo.py\)", text), text

@@ -33,16 +33,18 @@ METRIC = {"stats/q_error": "stats/q_error"}
 ids = lambda m: m.__name__
 
 
-def flags(module):
+def flags(module, pbt=False):
     return [arg for k, v in RUNS[module].items()
-            for arg in (f"--{k.replace('_', '-')}", *(v if isinstance(v, tuple) else [v]))]
+            for arg in (f"--{k.replace('_', '-')}", *(v if isinstance(v, tuple) else [v]))] + (
+        ["--pbt"] if pbt else [])
 
 
-def start_then_signal(module, log_dir, sig, after):
-    """Start the script on RUNS[module] and send `sig` once `after` progress lines are out;
-    returns (return code, stdout, stderr)."""
+def start_then_signal(module, log_dir, sig, after, pbt=False):
+    """Start the script on RUNS[module] (with --pbt) and send `sig` once `after` progress lines
+    are out; returns (return code, stdout, stderr)."""
     proc = subprocess.Popen([sys.executable, str(ALGOS / f"{module.__name__}.py"),
-                             *map(str, flags(module)), "--save-model", "--log-dir", str(log_dir)],
+                             *map(str, flags(module, pbt)), "--save-model", "--log-dir",
+                             str(log_dir)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     lines = []
     for line in proc.stdout:
@@ -65,27 +67,27 @@ def signal_handlers():
 
 @pytest.fixture(scope="module")
 def reference():
-    """module -> (args, final state, metrics, summary lines but the timing line) of the
+    """(module, pbt) -> (args, final state, metrics, summary lines but the timing line) of the
     uninterrupted run, in this process (the same 2 devices as the scripts)."""
     cache = {}
 
-    def get(module):
-        if module not in cache:
-            args = module.validate(module.Args(track=False, **RUNS[module]))
+    def get(module, pbt=False):
+        if (module, pbt) not in cache:
+            args = module.validate(module.Args(track=False, pbt=pbt, **RUNS[module]))
             state, metrics, timing = module.run(args)
             runs = jax.tree.map(lambda x: x.reshape(-1, x.shape[-1]), metrics)  # [runs, updates]
             text = module.summary(args, runs, timing)
-            cache[module] = (args, state, metrics, text.splitlines()[:-1])
-        return cache[module]
+            cache[module, pbt] = (args, state, metrics, text.splitlines()[:-1])
+        return cache[module, pbt]
 
     return get
 
 
-def assert_same_as_uninterrupted(module, run_dir, out, reference):
+def assert_same_as_uninterrupted(module, run_dir, out, reference, pbt=False):
     """The run directory and the final output of a resumed run hold what the uninterrupted run
     computes, bit for bit: every update's metric in tensorboard (each step once), the models and
-    the summary."""
-    args, state, metrics, summary = reference(module)
+    the summary (with --pbt: the population, its hyperparameters and schedule)."""
+    args, state, metrics, summary = reference(module, pbt)
     assert [line for line in summary if line in out.splitlines()] == summary, out
     configs = module.grid(args)
     for c, config_dir in enumerate(sorted(d for d in run_dir.iterdir() if d.is_dir())
@@ -104,10 +106,12 @@ def assert_same_as_uninterrupted(module, run_dir, out, reference):
 
 
 @pytest.mark.parametrize("module", [ql], ids=ids)
-def test_killed_run_resumes_to_the_uninterrupted_result(module, tmp_path, reference):
-    """kill -9 after the second segment's checkpoint: the event files already hold the curves so
-    far (tensorboard shows a run live), and --resume finishes the run as if nothing happened."""
-    code, out, _ = start_then_signal(module, tmp_path, signal.SIGKILL, after=2)
+def test_killed_pbt_run_resumes_to_the_uninterrupted_result(module, tmp_path, reference):
+    """kill -9 after the second segment's checkpoint of a --pbt run (its population stepped
+    after each segment): the event files already hold the curves so far (tensorboard shows a run
+    live), and --resume finishes the run as if nothing happened, its population too. The
+    uninterrupted run is another process's: the same command gives the same population."""
+    code, out, _ = start_then_signal(module, tmp_path, signal.SIGKILL, after=2, pbt=True)
     assert code == -signal.SIGKILL, f"the run ended before the kill: {out}"
     (run_dir,) = tmp_path.iterdir()
     seed_dir = next(run_dir.glob("**/seed_0"))
@@ -116,7 +120,14 @@ def test_killed_run_resumes_to_the_uninterrupted_result(module, tmp_path, refere
     assert written and max(written) < total, written  # some curve, not all of it
     proc = run_script(f"{module.__name__}.py", "--resume", run_dir, "--save-model")
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert_same_as_uninterrupted(module, run_dir, proc.stdout, reference)
+    assert "population, best first" in proc.stdout
+    assert_same_as_uninterrupted(module, run_dir, proc.stdout, reference, pbt=True)
+    # Tensorboard: a member's hyperparameters at every update; a copy at each of the 9 steps of
+    # the population (a quarter of its 4 runs: one), at the step of the segment's end.
+    seed_dirs = sorted(run_dir.glob("*/seed_*"))
+    assert all(len(read_scalars(d, "hp/learning_rate")) == 200 for d in seed_dirs)
+    copies = [p for d in seed_dirs for p in read_scalars(d, "pbt/copied_from")]
+    assert len(copies) == 9 and all(v in (0, 1, 2, 3) for _, v in copies), copies
 
 
 @pytest.mark.parametrize("module, sig, code", [(ql, signal.SIGINT, 130),

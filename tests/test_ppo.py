@@ -127,14 +127,14 @@ def test_losses_match_float64_reference(clip_vloss):
     advantages, old_values, targets = (f32(rng.normal(size=n)) for _ in range(3))
     values = f32(old_values + rng.uniform(-0.5, 0.5, size=n))
     zeros = np.zeros(n, np.float32)
-    batch = ppo.Transition(zeros[:, None], action, behaviour_log_prob, zeros, zeros[:, None],
-                           zeros, zeros)
+    batch = ppo.Transition(zeros[:, None], action, behaviour_log_prob, value=old_values,
+                           reward=zeros, next_value=zeros, terminated=zeros, truncated=zeros)
     params = {"mean": mean, "value": values}
     hp = {k: np.float32(v) for k, v in
           dict(clip_coef=clip, vf_coef=vf_coef, ent_coef=ent_coef).items()}
     (loss, stats), grads = jax.jit(jax.value_and_grad(
         lambda p, *xs: ppo.loss_fn(p, PerSampleGaussian(), hp, clip_vloss, *xs), has_aux=True))(
-            params, batch, advantages, targets, old_values)
+            params, batch, advantages, targets)
 
     ratio = np.exp(log_prob - behaviour_log_prob)  # what the float32 inputs encode
     adv = (advantages - advantages.mean()) / (advantages.std() + 1e-8)

@@ -1,6 +1,7 @@
 """Per-environment presets (ppo.py, vpg.py): what each env resolves to, a flag beating its preset,
 MinAtar's CNN on batches of any leading shape and in one update of each file, a short MinAtar run
 that learns, and --capture-gif."""
+import dataclasses
 import sys
 from unittest import mock
 
@@ -70,11 +71,34 @@ def test_a_flag_beats_its_preset():
 
 @pytest.mark.parametrize("module", [ppo, vpg], ids=lambda m: m.__name__)
 def test_cnn_on_any_leading_shape_and_in_one_update(module):
-    """The value of [T, N, 10, 10, C] observations is that of each observation alone; a short
-    Breakout-MinAtar run with --network cnn updates both networks and logs finite losses."""
+    """MinAtar's network: one torso under both heads, with the parameters it should have; the
+    torso equals a plain nn.Conv (3x3, VALID) and nn.Dense on fresh random inputs; the value of
+    [T, N, 10, 10, C] observations is that of each alone; a short Breakout-MinAtar run with
+    --network cnn updates it and logs finite losses."""
+    import flax.linen as nn
+
     network = module.ActorCritic(action_dim=3, continuous=False, network="cnn")
     obs = jax.random.bernoulli(jax.random.PRNGKey(0), 0.3, (3, 5, 10, 10, 4)).astype(jnp.float32)
     params = network.init(jax.random.PRNGKey(1), obs[0])
+    sizes = {name: sum(x.size for x in jax.tree.leaves(tree))
+             for name, tree in params["params"].items()}
+    assert sizes == {"torso": 3 * 3 * 4 * 16 + 16 + 8 * 8 * 16 * 128 + 128,
+                     "actor": 128 * 3 + 3, "critic": 128 + 1}
+    torso = params["params"]["torso"]
+
+    class Reference(nn.Module):
+        @nn.compact
+        def __call__(self, x):
+            x = nn.relu(nn.Conv(16, (3, 3), padding="VALID")(x))
+            return nn.relu(nn.Dense(128)(x.reshape(*x.shape[:-3], -1)))
+
+    conv, dense = torso["Dense_0"], torso["Dense_1"]
+    reference = {"params": {"Conv_0": {"kernel": conv["kernel"].reshape(3, 3, 4, 16),
+                                       "bias": conv["bias"]}, "Dense_0": dense}}
+    for seed in range(3):
+        x = jax.random.normal(jax.random.PRNGKey(10 + seed), (7, 10, 10, 4))
+        np.testing.assert_allclose(module.MinAtarCNN().apply({"params": torso}, x),
+                                   Reference().apply(reference, x), rtol=1e-5, atol=1e-5)
     values = network.apply(params, obs, method=module.ActorCritic.value)
     assert values.shape == (3, 5)
     alone = jax.vmap(jax.vmap(lambda o: network.apply(params, o[None], method="value")[0]))(obs)
@@ -88,8 +112,6 @@ def test_cnn_on_any_leading_shape_and_in_one_update(module):
         assert np.all(np.isfinite(metrics[key])), key
     init = jax.vmap(network.init)(jax.random.split(jax.random.PRNGKey(2), 2), obs[0, :2])
     assert jax.tree.structure(init) == jax.tree.structure(state.params)
-    torso = state.params["params"]["critic"]["layers_0"]["Dense_0"]["kernel"]
-    assert torso.shape == (2, 9 * 4, 16)  # 3x3 patches of the 4 channels, 16 filters
 
 
 # What a correct PPO reaches on Breakout-MinAtar with its preset on a budget that fits the suite:
@@ -134,3 +156,20 @@ def test_capture_gif_of_an_env_it_cannot_draw(script, env_id, tmp_path):
     """gymnax has no drawing of DeepSea, and q_learning's GridWorld is not gymnax's: one line,
     exit 2, before anything compiles."""
     assert_usage_error(script, ["--env-id", env_id, "--capture-gif"], "--capture-gif", tmp_path)
+
+
+def test_capture_gif_is_judged_on_the_saved_env(tmp_path):
+    """--load-model and --resume take the saved run's env: --capture-gif is refused for the saved
+    DeepSea-bsuite, though the default env typed (CartPole-v1) could be drawn."""
+    import json
+
+    import flax.serialization
+
+    args = ppo.validate(ppo.Args(env_id="DeepSea-bsuite", track=False))
+    model = tmp_path / "model.msgpack"
+    model.write_bytes(flax.serialization.msgpack_serialize(
+        {"format": ppo.FORMAT, "file": "ppo.py", "args": json.dumps(dataclasses.asdict(args))}))
+    assert_usage_error("ppo.py", ["--load-model", model, "--capture-gif"], "DeepSea", tmp_path)
+    metrics = {"env_steps": np.zeros((4, 2)), "episode_return": np.zeros((4, 2))}
+    ppo.write_checkpoint(str(tmp_path), args, {}, metrics, 5)
+    assert_usage_error("ppo.py", ["--resume", tmp_path, "--capture-gif"], "DeepSea", tmp_path)

@@ -25,14 +25,16 @@ def record_update(module, monkeypatch):
     """Patch `module` so that its envs truncate episodes after EPISODE_STEPS steps, and every
     update reports, as float64 numpy: compute_gae's inputs and outputs ("gae": rewards, values,
     next_values, terminated, truncated, gamma, lambda, advantages, targets; [T, N] but the two
-    scalars), and what each loss_fn call trains on ("loss": terminated, rewards, final
-    observations [B, 4] (before any auto-reset), targets; [B] flattened minibatch rows)."""
+    scalars), the observations each step's next value is taken of ("final": [N, 4] per step, the
+    final observations before any auto-reset) and what each loss_fn call trains on ("loss":
+    terminated, rewards, targets; [B] flattened minibatch rows)."""
     make, gae, loss_fn = module.gymnax.make, module.compute_gae, module.loss_fn
-    records = {"gae": [], "loss": []}
+    value = module.ActorCritic.value
+    records = {"gae": [], "loss": [], "final": []}
 
     def report(name, *arrays):
         jax.debug.callback(lambda *xs: records[name].append([np.asarray(x, np.float64)
-                                                             for x in xs]), *arrays)
+                                                             for x in xs]), *arrays, ordered=True)
 
     def short_make(env_id, **kwargs):
         env, env_params = make(env_id, **kwargs)
@@ -43,14 +45,19 @@ def record_update(module, monkeypatch):
         report("gae", *inputs, advantages, targets)
         return advantages, targets
 
-    def recording_loss(*args):  # (..., batch: Transition, advantages, targets, ...)
+    def recording_value(self, obs):  # the rollout's V(final observation), step by step
+        report("final", obs)
+        return value(self, obs)
+
+    def recording_loss(*args):  # (..., batch: Transition, advantages, targets)
         i = next(i for i, arg in enumerate(args) if isinstance(arg, module.Transition))
         batch, _, targets = args[i:i + 3]
-        report("loss", batch.terminated, batch.reward, batch.next_obs, targets)
+        report("loss", batch.terminated, batch.reward, targets)
         return loss_fn(*args)
 
     monkeypatch.setattr(module.gymnax, "make", short_make)
     monkeypatch.setattr(module, "compute_gae", recording_gae)
+    monkeypatch.setattr(module.ActorCritic, "value", recording_value)
     monkeypatch.setattr(module, "loss_fn", recording_loss)
     return records
 
@@ -94,10 +101,13 @@ def test_terminated_steps_do_not_bootstrap(module, monkeypatch):
     assert len(records["gae"]) == 2 and len(records["loss"]) > 0, records.keys()
 
     x_limit, theta_limit = 2.4, 12 * 2 * np.pi / 360  # gymnax CartPole's EnvParams
-    fallen_rows = 0
-    for terminated, rewards, final_obs, targets in records["loss"]:
-        fell = (np.abs(final_obs[:, 0]) > x_limit) | (np.abs(final_obs[:, 2]) > theta_limit)
+    final_obs = np.stack([obs for (obs,) in records["final"]]).reshape(2, RUN["num_steps"], -1, 4)
+    for (*_, terminated, _, _, _, _, _), obs in zip(records["gae"], final_obs):
+        fell = (np.abs(obs[..., 0]) > x_limit) | (np.abs(obs[..., 2]) > theta_limit)
         np.testing.assert_array_equal(terminated > 0, fell)
+    fallen_rows = 0
+    for terminated, rewards, targets in records["loss"]:
+        fell = terminated > 0
         np.testing.assert_allclose(targets[fell], rewards[fell], rtol=0, atol=1e-5)
         fallen_rows += fell.sum()
 

@@ -65,8 +65,9 @@ def tiny_batch(env_id, n=7, ent_coef=0.05):
     else:
         action = jnp.asarray(rng.integers(0, 2, n), jnp.int32)
     zeros = jnp.zeros(n)
-    batch = vpg.Transition(obs, action, jnp.asarray(rng.normal(size=n), jnp.float32), zeros, obs,
-                           zeros, zeros)
+    batch = vpg.Transition(obs, action, jnp.asarray(rng.normal(size=n), jnp.float32),
+                           value=zeros, reward=zeros, next_value=zeros, terminated=zeros,
+                           truncated=zeros)
     advantages = jnp.asarray(rng.normal(size=n), jnp.float32)
     targets = jnp.asarray(rng.normal(size=n), jnp.float32)
     return args, loss_fn, network, params, (batch, advantages, targets)
@@ -147,7 +148,7 @@ TINY_TRAIN = dict(env_id="CartPole-v1", num_envs=4, num_steps=16, num_minibatche
 @pytest.fixture(scope="module")
 def tiny_train():
     """(args, final RunnerState, GAE inputs of every update, the updates that the run's own
-    optimisers, train.make_tx's policy_tx and tx, make from all-ones gradients: one policy step,
+    optimisers, vpg.make_tx's policy_tx and tx, make from all-ones gradients: one policy step,
     then three value steps). The optimisers close over the traced hyperparameters, so they are
     applied inside the same trace as the run."""
     with pytest.MonkeyPatch.context() as monkeypatch:
@@ -158,7 +159,7 @@ def tiny_train():
         @jax.jit
         def train_then_step(key, hp):
             runner, _ = train(key, hp)
-            policy_tx, tx = train.make_tx(hp)
+            policy_tx, tx = vpg.make_tx(args, hp, train.num_updates)
             params = runner.params
             grads = jax.tree.map(jnp.ones_like, params)
             policy_update, _ = policy_tx.update(grads, policy_tx.init(params), params)
@@ -232,14 +233,20 @@ def test_seed_sweep_determinism(user_run):
     args = vpg.validate(vpg.Args(track=False, **TINY))
     state, two_devices, _ = vpg.run(args, num_devices=2)
     assert set(two_devices) == {"env_steps", "episode_return", "episode_length", "loss/policy",
-                                "loss/value", "loss/entropy", "stats/approx_kl"}
+                                "loss/value", "loss/entropy", "stats/approx_kl",
+                                "charts/learning_rate"}
     assert all(v.shape == (4, 10) for v in two_devices.values())
+    # The learning rate in force after each update: annealed linearly to 0 over the 10 updates.
+    np.testing.assert_allclose(two_devices["charts/learning_rate"],
+                               np.tile(args.learning_rate[0] * (1 - np.arange(1, 11) / 10), (4, 1)),
+                               rtol=1e-6, atol=1e-9)
     # The same command on the same layout is bit-identical: the user's run (another process)
     # logged the very same metrics, every update and seed, and saved the very same parameters.
     _, run_dir = user_run
     for k in range(4):
         for key, tag in [("loss/value", "losses/value"), ("stats/approx_kl", "stats/approx_kl"),
-                         ("episode_return", "charts/episodic_return")]:
+                         ("episode_return", "charts/episodic_return"),
+                         ("charts/learning_rate", "charts/learning_rate")]:
             logged = dict(read_scalars(run_dir / f"seed_{k}", tag))
             ours = {int(step): np.float32(value) for step, value in
                     zip(two_devices["env_steps"][k], two_devices[key][k]) if np.isfinite(value)}
@@ -258,7 +265,8 @@ def test_a_network_without_a_critic_is_refused():
     """The value steps move the parameters of the module named critic: a network without one
     (or with nothing beside it) is refused when the optimisers meet it, not trained wrongly."""
     args = vpg.validate(vpg.Args(hidden_size=8, track=False))
-    txs = vpg.make_train(args).make_tx({k: np.float32(v) for k, v in vpg.grid(args)[0].items()})
+    hp = {k: np.float32(v) for k, v in vpg.grid(args)[0].items()}
+    txs = vpg.make_tx(args, hp, vpg.make_train(args).num_updates)
     for params in [{"params": {"actor": {"w": jnp.zeros(2)}}},
                    {"params": {"critic": {"w": jnp.zeros(2)}}}]:
         for tx in txs:
