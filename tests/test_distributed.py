@@ -1,8 +1,9 @@
 """--distributed on one machine, checked on q_learning.py (the runner is one code in ppo.py,
 vpg.py and q_learning.py: test_layout.py): a sweep as 2 processes on 127.0.0.1 with 1 host device
 each, against the same sweep in one process with 2 devices. Both put the same runs on each device,
-and process 0 writes exactly the numbers of the single-process run, its summary table too;
-process 1 writes nothing."""
+and process 0 writes exactly the numbers of the single-process run, its summary table too (with
+--pbt: its population steps too, every process holding the gathered one); process 1 writes
+nothing."""
 import os
 import re
 import signal
@@ -57,13 +58,13 @@ def written(module, run_dir, args):
 
 @pytest.mark.parametrize("module", SWEEP, ids=ids)
 def test_two_processes_write_what_one_computes(module, tmp_path):
-    procs = start(module, tmp_path, {**SWEEP[module], "distributed": ()}, free_port())
+    procs = start(module, tmp_path, {**SWEEP[module], "distributed": (), "pbt": ()}, free_port())
     (out0, err0), (out1, err1) = (p.communicate(timeout=300) for p in procs)
     assert procs[0].returncode == 0 and procs[1].returncode == 0, err0[-2000:] + err1[-2000:]
     assert re.search(r"(?<!\d)2 device\(s\)", out0), out0  # process 0 reports all devices
     assert "final return" not in out1 and "steps " not in out1, out1  # process 1 stays silent
 
-    args = module.validate(module.Args(track=False, **SWEEP[module]))
+    args = module.validate(module.Args(track=False, pbt=True, **SWEEP[module]))
     _, metrics, timing = module.run(args)  # conftest's 2 devices: the same runs on each device
     (run_dir,) = tmp_path.glob("*__*")  # one run directory, process 0's
     values = written(module, run_dir, args)
@@ -71,6 +72,7 @@ def test_two_processes_write_what_one_computes(module, tmp_path):
     runs = {k: v.reshape(-1, v.shape[-1]) for k, v in metrics.items()}  # [runs, updates]
     table = module.summary(args, runs, timing).splitlines()[:-1]
     assert all(row in out0.splitlines() for row in table), (table, out0)
+    assert any(line.startswith("population, best first") for line in table)
 
 
 def test_killed_distributed_run_resumes(tmp_path):

@@ -32,6 +32,12 @@ RESOLVED = {
                                     clip_coef=(0.2,), ent_coef=(0.01,), network="mlp",
                                     hidden_size=64, activation="relu",
                                     total_timesteps=3_000_000),
+    # The per-game MinAtar presets of MINATAR.md's table: the CNN where the MLP does not learn.
+    **{(ppo, game): dict(network="mlp", update_epochs=4, total_timesteps=3_000_000)
+       for game in ("SpaceInvaders-MinAtar",)},
+    **{(ppo, game): dict(num_envs=64, num_steps=128, num_minibatches=8, network="cnn",
+                         update_epochs=2, learning_rate=(5e-3,), total_timesteps=1_500_000)
+       for game in ("Asterix-MinAtar", "Freeway-MinAtar", "Seaquest-MinAtar")},
     (vpg, "CartPole-v1"): dict(num_envs=32, num_steps=64, num_minibatches=4, update_epochs=4,
                                learning_rate=(2.5e-3,), total_timesteps=300_000,
                                activation="tanh"),
