@@ -423,17 +423,17 @@ ExtraFlags, draw = dataclasses.make_dataclass("ExtraFlags", []), lambda folder, 
 #   COUNTS            {flag: least value} of every int flag of Hyperparams (a test checks).
 #   SIZE_FLAGS        the flags that set a run's memory, named when it does not fit.
 #   resolve(args)     -> args, every None filled (presets, rules); ValueError names a bad flag.
-#   make_train(args)  -> train(key, hp) -> (state, metrics) of one run, hp {HPARAMS flag: traced
-#                     float32}; train.init(key, hp) -> state (a NamedTuple; its field `key`, the
+#   make_train(args)  -> train(key, hp) -> (state, metrics), one run, hp {HPARAMS flag: traced
+#                     float32}: train.init(key, hp) -> state (a NamedTuple whose field `key`, the
 #                     run's PRNG key, --pbt does not copy), train.update(hp, state) -> (state,
 #                     metrics), train.num_updates and, for evaluation and GIFs, train.act(state,
-#                     obs, key=None) -> actions for raw observations, the most likely or sampled
-#                     with a key. metrics {name: scalar} hold env_steps (the run's), episode_return
-#                     and episode_length (mean over the episodes ended in the update, NaN if none);
-#                     as tensorboard tags, episode_* become charts/episodic_*, loss/x losses/x.
+#                     obs, key=None) -> actions for raw observations, greedy or, with a key,
+#                     exploring. metrics {name: scalar}: env_steps (the run's), episode_return and
+#                     episode_length (mean over the episodes ended in the update, NaN if none);
+#                     tags: episode_* -> charts/episodic_*, loss/x -> losses/x.
 #   COMPILER_OPTIONS  XLA's options for the compiled programs.
 #   SCORE, SHOWN      the metric ranking a sweep's configurations; {metric: format} to show.
-#   saved_model(state) -> {name: leaves of state}: what --save-model writes, --load-model restores.
+#   saved_model(state) -> {name: leaves}: all act reads; --save-model writes, --load-model reads it.
 #   ExtraFlags, draw  the file's own switches (a dataclass); draw(folder, args, state) -> [paths]
 #                     of its own pictures of one trained configuration.
 #   and the algorithm's imports of partial, jnp and np (which the runner uses too).
@@ -482,7 +482,7 @@ class Args(Hyperparams, ExtraFlags):
     capture_gif: bool = False
     """after training, draw an episode of the first seed's greedy policy (gymnax's envs)"""
     eval_episodes: int = 64
-    """after training, fresh episodes of each run's policy, greedy and sampled (where it acts)"""
+    """after training, fresh episodes of each run's policy, greedy and exploring (where it acts)"""
     eval_every_segment: bool = False
     """evaluate after every segment too (tensorboard: eval/episodic_return_greedy, _sampled)"""
     load_model: Optional[str] = None
@@ -570,7 +570,7 @@ def parse(argv) -> Args:
     for i, name in enumerate(argv):  # tyro would blame the second value as an unknown option
         values = itertools.takewhile(lambda v: not v.startswith("--"), argv[i + 1:])
         if name in one_value and len(list(values)) > 1:
-            raise ArgError(f"{name} takes one value: it sets array shapes or loop lengths")
+            raise ArgError(f"{name} takes one value (only the swept floats, HPARAMS, take more)")
     shown, hinted, file = validate(Args()), [], os.path.basename(__file__)
     algorithm_flags = {f.name for f in dataclasses.fields(Hyperparams)}
     for field in (f for f in dataclasses.fields(Args) if f.default is None):
@@ -1009,7 +1009,7 @@ def read_saved(args: Args, argv) -> tuple:
 
 
 def play(args: Args, runner, key, episodes: int):
-    """`episodes` fresh episodes of a run's policy by its most likely actions, as many sampled, to
+    """`episodes` fresh episodes of a run's policy by its greedy actions, as many exploring, to
     the time limit: per step [T, 2 x episodes] the env states before it, rewards, ended."""
     import gymnax
     env, env_params = gymnax.make(args.env_id)

@@ -1,0 +1,1136 @@
+"""Parallelised Q-Network (PQN) in one fully jitted JAX file.
+
+PQN (Gallici et al. 2024, "Simplifying Deep Temporal Difference Learning",
+https://arxiv.org/abs/2407.04811) is deep Q-learning without a replay buffer or a target network:
+many parallel environments act epsilon-greedily for a few steps, each step's target is the
+Q(lambda) return computed with the current network, and a few epochs of minibatch steps regress
+Q(s, a) on it. LayerNorm in the Q-network is what keeps this stable (the paper's main result).
+The environment (gymnax), the rollout, the Q(lambda) targets and every gradient step run inside
+one `jax.jit`:
+    python algos/pqn.py                          # CartPole-v1, 4 seeds, 500k steps each
+    python algos/pqn.py --q-lambda 0             # one-step TD targets instead of Q(lambda)
+    python algos/pqn.py --env-id Breakout-MinAtar --capture-gif   # the CNN, 10M steps
+
+Expect: CartPole-v1 ends at TODO(measure); Breakout-MinAtar at TODO(measure). See --help.
+"""
+
+# ============================================================================ imports
+import dataclasses
+from functools import partial
+from typing import Literal, NamedTuple, Optional
+
+import flax.linen as nn
+import gymnax
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from gymnax.environments import spaces
+
+
+# ============================================================================ 1. hyperparameters
+@dataclasses.dataclass
+class Hyperparams:
+    env_id: str = "CartPole-v1"
+    """gymnax environment id (discrete action space)"""
+    total_timesteps: Optional[int] = None
+    """environment steps per run"""
+    num_envs: Optional[int] = None
+    """parallel environments per seed"""
+    num_steps: Optional[int] = None
+    """steps per environment per rollout"""
+    num_minibatches: Optional[int] = None
+    """minibatches per epoch (must divide num_envs * num_steps)"""
+    update_epochs: Optional[int] = None
+    """passes over each batch"""
+    learning_rate: Optional[tuple[float, ...]] = None
+    """sweep: RAdam step size, annealed linearly to 0 with --anneal-lr"""
+    anneal_lr: bool = True
+    """anneal the learning rate linearly to 0 over the run"""
+    gamma: Optional[tuple[float, ...]] = None
+    """sweep: discount factor"""
+    q_lambda: Optional[tuple[float, ...]] = None
+    """sweep: lambda of the Q(lambda) targets (0: one-step TD, 1: Monte Carlo to the rollout end)"""
+    reward_scale: Optional[tuple[float, ...]] = None
+    """sweep: factor on the rewards the Q-network learns from (returns are reported unscaled)"""
+    start_e: Optional[tuple[float, ...]] = None
+    """sweep: exploration epsilon at the start of the run"""
+    end_e: Optional[tuple[float, ...]] = None
+    """sweep: exploration epsilon after --exploration-fraction of the run, and to its end"""
+    exploration_fraction: Optional[float] = None
+    """fraction of --total-timesteps over which epsilon falls linearly from start_e to end_e"""
+    max_grad_norm: Optional[tuple[float, ...]] = None
+    """sweep: global gradient-norm clip"""
+    network: Optional[Literal["mlp", "cnn"]] = None
+    """an MLP on the flattened observation, or MinAtar's convolution (image observations)"""
+    hidden_size: Optional[int] = None
+    """width of the MLP's two hidden layers"""
+
+
+# The float hyperparameters (no shape nor loop length: train() traces them, a sweep is one program).
+# The rules hold elementwise on arrays too.
+UNIT, POSITIVE = ("in [0, 1]", lambda x: (0 <= x) & (x <= 1)), ("> 0", lambda x: x > 0)
+HPARAMS = dict(learning_rate=POSITIVE, gamma=UNIT, q_lambda=UNIT, reward_scale=POSITIVE,
+               start_e=UNIT, end_e=UNIT, max_grad_norm=POSITIVE)
+# The int flags and their least values; the flags that set the memory a run needs.
+COUNTS = dict(total_timesteps=1, num_envs=1, num_steps=1, num_minibatches=1, update_epochs=1,
+              hidden_size=1)
+SIZE_FLAGS = ("num_envs", "num_steps")
+
+
+# ============================================================================ 2. environment
+# gymnax.make(env_id) in make_train; what acting in it needs: the exploration schedule and rule.
+def epsilon_schedule(env_steps, start_e, end_e, decay_steps):
+    """Epsilon after `env_steps` environment steps: linear from start_e to end_e over the first
+    `decay_steps`, then end_e."""
+    fraction = jnp.clip(env_steps / max(decay_steps, 1), 0.0, 1.0)
+    return (start_e + fraction * (end_e - start_e)).astype(jnp.float32)
+
+
+def epsilon_greedy(key, q_values, epsilon):
+    """argmax_a Q [..., A] per row, replaced with probability epsilon by a uniform action."""
+    k_explore, k_action = jax.random.split(key)
+    greedy = q_values.argmax(-1)
+    explore = jax.random.uniform(k_explore, greedy.shape) < epsilon
+    return jnp.where(explore, jax.random.randint(k_action, greedy.shape, 0, q_values.shape[-1]),
+                     greedy)
+
+
+# ============================================================================ 3. network
+class MinAtarCNN(nn.Module):
+    """MinAtar's network (Young & Tian 2019, https://arxiv.org/abs/1903.03176): 16 filters of 3x3
+    and a dense layer of 128, relu, on [..., H, W, C], with PQN's LayerNorm before each relu. The
+    convolution is a dense layer on the 3x3 patches: XLA's CPU convolution, vmapped over seeds,
+    becomes a slower grouped convolution."""
+
+    @nn.compact
+    def __call__(self, x):
+        dense = lambda size: nn.Dense(size, kernel_init=nn.initializers.orthogonal(np.sqrt(2)))
+        h, w = x.shape[-3] - 2, x.shape[-2] - 2
+        x = nn.relu(nn.LayerNorm()(dense(16)(jnp.concatenate(
+            [x[..., i:i + h, j:j + w, :] for i in range(3) for j in range(3)], axis=-1))))
+        return nn.relu(nn.LayerNorm()(dense(128)(x.reshape(*x.shape[:-3], -1))))
+
+
+class QNetwork(nn.Module):
+    """Q(s, a) of every action [..., A]: two hidden layers of Dense, LayerNorm and relu on the
+    flattened observation, or a MinAtarCNN; then a linear layer."""
+    action_dim: int
+    hidden_size: int = 256
+    network: str = "mlp"
+
+    @nn.compact
+    def __call__(self, obs):
+        x = obs
+        if self.network == "cnn":
+            x = MinAtarCNN()(x)
+        else:
+            for _ in range(2):
+                x = nn.relu(nn.LayerNorm()(nn.Dense(self.hidden_size)(x)))
+        return nn.Dense(self.action_dim)(x)
+
+
+# ============================================================================ 4. the update
+class Transition(NamedTuple):
+    obs: jax.Array           # observation the action was chosen from (network inputs)
+    action: jax.Array
+    reward: jax.Array        # scaled reward used for learning
+    next_q_max: jax.Array    # max_a Q of the observation after the step, before any auto-reset
+    terminated: jax.Array
+    truncated: jax.Array
+
+
+class RunnerState(NamedTuple):
+    """What a run carries from one update to the next, and what a checkpoint holds."""
+    params: dict
+    opt_state: optax.OptState  # the optimiser itself is rebuilt from hp in every program
+    env_state: object
+    obs: jax.Array           # observations of the current step (network inputs)
+    episode_return: jax.Array  # per env, undiscounted, for reporting
+    episode_length: jax.Array
+    key: jax.Array
+    epsilon: jax.Array       # the exploration epsilon in force (the next rollout's)
+    updates_done: jax.Array
+
+
+def q_lambda_targets(rewards, next_q_max, terminated, truncated, gamma, q_lambda):
+    """Q(lambda) returns over a [T, N] rollout by a reversed scan:
+        G_t = r_t + gamma (1 - terminated_t) [M_t + q_lambda (1 - done_t) (G_{t+1} - M_t)],
+    with M_t = next_q_max[t] = max_a Q of the observation after step t *before* auto-reset, and
+    G_T = M_{T-1} after the last step. A truncated step bootstraps from its true final observation,
+    a terminated one does not; the lambda-mixing stops at either. q_lambda = 0: one-step TD."""
+    terminated, done = terminated.astype(rewards.dtype), jnp.maximum(terminated, truncated)
+
+    def step(g_next, x):
+        reward, m, term, d = x
+        g = reward + gamma * (1.0 - term) * (m + q_lambda * (1.0 - d) * (g_next - m))
+        return g, g
+
+    _, targets = jax.lax.scan(step, next_q_max[-1], (rewards, next_q_max, terminated,
+                                                     done.astype(rewards.dtype)), reverse=True)
+    return targets
+
+
+def loss_fn(params, network, obs, action, targets):
+    """0.5 (Q(s, a) - G)^2 on one minibatch, G held fixed, and its statistics."""
+    q_taken = jnp.take_along_axis(network.apply(params, obs), action[..., None], -1)[..., 0]
+    td_error = q_taken - jax.lax.stop_gradient(targets)
+    loss = 0.5 * (td_error**2).mean()
+    return loss, {"loss/td": loss, "stats/q_mean": q_taken.mean(),
+                  "stats/td_error": jnp.abs(td_error).mean()}
+
+
+def make_tx(args, hp, num_updates):
+    """The optimiser of one run (RAdam, as PQN's code), from its traced learning rate and clip."""
+    lr, steps = hp["learning_rate"], num_updates * args.update_epochs * args.num_minibatches
+    return optax.chain(optax.clip_by_global_norm(hp["max_grad_norm"]), optax.radam(
+        optax.linear_schedule(lr, 0.0, steps) if args.anneal_lr else lr))
+
+
+def make_train(args):
+    """train(key, hp) -> (final RunnerState, metrics [num_updates]): one run, its HPARAMS values
+    hp (a dict of scalars) traced, as one program. Its parts: train.init(key, hp) -> RunnerState,
+    train.update(hp, runner) -> (runner, metrics) and train.act(runner, obs, key) -> actions."""
+    env, env_params = gymnax.make(args.env_id)
+    # The MLP takes observations of any rank (MinAtar's grids) flattened; the CNN, images.
+    obs_shape = env.observation_space(env_params).shape
+    obs_shape = obs_shape if args.network == "cnn" else (int(np.prod(obs_shape)),)
+    as_inputs = lambda obs: obs.reshape(-1, *obs_shape).astype(jnp.float32)
+    batch_size = args.num_envs * args.num_steps
+    minibatch_size = batch_size // args.num_minibatches
+    num_updates = args.total_timesteps // batch_size
+    decay_steps = args.exploration_fraction * args.total_timesteps
+    network = QNetwork(env.action_space(env_params).n, args.hidden_size, args.network)
+    vstep = jax.vmap(env.step, in_axes=(0, 0, 0, None))
+
+    def env_step(hp, runner: RunnerState, _):
+        key, k_act, k_env = jax.random.split(runner.key, 3)
+        action = epsilon_greedy(k_act, network.apply(runner.params, runner.obs), runner.epsilon)
+        next_obs, env_state, reward, terminated, truncated, info = vstep(
+            jax.random.split(k_env, args.num_envs), runner.env_state, action, env_params)
+        done = jnp.logical_or(terminated, truncated)
+        terminated, truncated = terminated.astype(jnp.float32), truncated.astype(jnp.float32)
+        episode_return = runner.episode_return + reward
+        episode_length = runner.episode_length + 1
+        # max Q here, on num_envs observations at a time, not on the whole rollout after it, as
+        # ppo.py computes its values (a small batch stays in the core's cache).
+        next_q_max = network.apply(runner.params, as_inputs(info["final_observation"])).max(-1)
+        transition = Transition(runner.obs, action, hp["reward_scale"] * reward, next_q_max,
+                                terminated, truncated)
+        finished = (done.sum(), (episode_return * done).sum(), (episode_length * done).sum())
+        runner = runner._replace(
+            env_state=env_state, obs=as_inputs(next_obs),
+            episode_return=jnp.where(done, 0.0, episode_return),
+            episode_length=jnp.where(done, 0, episode_length), key=key)
+        return runner, (transition, finished)
+
+    def update_minibatch(tx, carry, minibatch):
+        params, opt_state = carry
+        grads, stats = jax.grad(loss_fn, has_aux=True)(params, network, *minibatch)
+        updates, opt_state = tx.update(grads, opt_state, params)
+        return (optax.apply_updates(params, updates), opt_state), stats
+
+    def update_epoch(tx, carry, _):
+        params, opt_state, batch, key = carry
+        key, k_perm = jax.random.split(key)
+        perm = jax.random.permutation(k_perm, batch_size)
+        minibatches = jax.tree.map(
+            lambda x: x[perm].reshape(args.num_minibatches, minibatch_size, *x.shape[1:]), batch)
+        (params, opt_state), stats = jax.lax.scan(partial(update_minibatch, tx),
+                                                  (params, opt_state), minibatches)
+        return (params, opt_state, batch, key), stats
+
+    def update(hp, runner: RunnerState):
+        """One rollout of num_steps in every env, its Q(lambda) targets from the network that
+        collected it, then update_epochs passes of minibatch steps; then the next epsilon."""
+        epsilon = runner.epsilon
+        runner, (traj, finished) = jax.lax.scan(partial(env_step, hp), runner, None,
+                                                args.num_steps)
+        targets = q_lambda_targets(traj.reward, traj.next_q_max, traj.terminated, traj.truncated,
+                                   hp["gamma"], hp["q_lambda"])
+        flat = lambda x: x.reshape(batch_size, *x.shape[2:])
+        batch = jax.tree.map(flat, (traj.obs, traj.action, targets))
+        key, k_epochs = jax.random.split(runner.key)
+        (params, opt_state, _, _), stats = jax.lax.scan(
+            partial(update_epoch, make_tx(args, hp, num_updates)),
+            (runner.params, runner.opt_state, batch, k_epochs), None, args.update_epochs)
+        updates_done = runner.updates_done + 1
+        runner = runner._replace(params=params, opt_state=opt_state, key=key,
+                                 updates_done=updates_done, epsilon=epsilon_schedule(
+                                     updates_done * batch_size, hp["start_e"], hp["end_e"],
+                                     decay_steps))
+        count, return_sum, length_sum = jax.tree.map(lambda x: x.sum(), finished)
+        metrics = {k: v.mean() for k, v in stats.items()}
+        metrics["stats/epsilon"] = epsilon  # the rollout's
+        metrics["env_steps"] = updates_done * batch_size
+        metrics["episode_return"] = jnp.where(count > 0, return_sum / count, jnp.nan)
+        metrics["episode_length"] = jnp.where(count > 0, length_sum / count, jnp.nan)
+        annealed = 1 - updates_done / num_updates if args.anneal_lr else 1  # as make_tx
+        metrics["charts/learning_rate"] = hp["learning_rate"] * annealed
+        return runner, metrics
+
+    def init(key, hp) -> RunnerState:
+        k_init, k_env, k_run = jax.random.split(key, 3)
+        params = network.init(k_init, jnp.zeros(obs_shape))
+        obs, env_state = jax.vmap(env.reset, in_axes=(0, None))(
+            jax.random.split(k_env, args.num_envs), env_params)
+        return RunnerState(
+            params=params, opt_state=make_tx(args, hp, num_updates).init(params),
+            env_state=env_state, obs=as_inputs(obs), episode_return=jnp.zeros(args.num_envs),
+            episode_length=jnp.zeros(args.num_envs, jnp.int32), key=k_run,
+            epsilon=epsilon_schedule(0, hp["start_e"], hp["end_e"], decay_steps),
+            updates_done=jnp.int32(0))
+
+    def act(runner: RunnerState, obs, key=None):
+        """Actions for raw observations [N, ...]: greedy in Q, or epsilon-greedy at its epsilon."""
+        q_values = network.apply(runner.params, as_inputs(obs))
+        return q_values.argmax(-1) if key is None else epsilon_greedy(key, q_values,
+                                                                      runner.epsilon)
+
+    def train(key, hp):
+        return jax.lax.scan(lambda runner, _: update(hp, runner), init(key, hp), None,
+                            num_updates)
+
+    train.init, train.update, train.act, train.num_updates = init, update, act, num_updates
+    return train
+
+
+# ============================================================================ 5. presets
+# What each preset sets for a flag left unset (None), and where it comes from; an env without an
+# entry takes the "discrete" one. purejaxql is PQN's authors' code, read at commit 47af6d7
+# (https://github.com/mttga/purejaxql/tree/47af6d7b35c89ddfe633aaf7341bdb8964cb7cce).
+# CartPole-v1: purejaxql/config/alg/pqn_cartpole.yaml as it is (REW_SCALE -> reward_scale,
+# LAMBDA -> q_lambda, EPS_DECAY -> exploration_fraction, 2 layers of HIDDEN_SIZE, LayerNorm).
+# One change, not a value: purejaxql's (pre-1.0) gymnax step ends a time-limited episode as a
+# termination; here its last step bootstraps.
+CARTPOLE = dict(total_timesteps=500_000, num_envs=32, num_steps=64, num_minibatches=16,
+                update_epochs=4, learning_rate=1e-4, gamma=0.99, q_lambda=0.95, reward_scale=0.1,
+                start_e=1.0, end_e=0.2, exploration_fraction=0.2, max_grad_norm=10.0,
+                network="mlp", hidden_size=256)
+# MinAtar: purejaxql/config/alg/pqn_minatar.yaml (no REW_SCALE there: 1) and pqn_minatar.py's
+# LayerNorm CNN. Not taken: that script's division of the 0/1 observations by 255 (an Atari habit).
+MINATAR = dict(CARTPOLE, total_timesteps=10_000_000, num_envs=128, num_steps=32,
+               num_minibatches=32, update_epochs=2, learning_rate=5e-4, q_lambda=0.65,
+               reward_scale=1.0, end_e=0.05, exploration_fraction=0.1, network="cnn")
+PRESETS = {"discrete": CARTPOLE, "CartPole-v1": CARTPOLE,
+           **{f"{game}-MinAtar": MINATAR
+              for game in ("Breakout", "SpaceInvaders", "Asterix", "Freeway", "Seaquest")}}
+
+
+def resolve(args):
+    """Unset (None) flags from the preset of --env-id; ValueError naming the flag on a bad one."""
+    try:  # an unknown id, or an env that cannot be built here (MNISTBandit-bsuite downloads data)
+        env, env_params = gymnax.make(args.env_id)
+    except Exception as e:
+        raise ValueError(f"--env-id {args.env_id!r} cannot be built: {e!r}".splitlines()[0])
+    if not isinstance(space := env.action_space(env_params), spaces.Discrete):
+        raise ValueError(f"--env-id {args.env_id!r}: PQN needs discrete actions, not "
+                         f"{type(space).__name__}")
+    preset = PRESETS.get(args.env_id, PRESETS["discrete"])
+    args = dataclasses.replace(args, **{k: (v,) if k in HPARAMS else v
+                                        for k, v in preset.items() if getattr(args, k) is None})
+    batch_size = args.num_envs * args.num_steps
+    if batch_size % args.num_minibatches:
+        raise ValueError(f"--num-minibatches {args.num_minibatches} must divide the batch "
+                         f"num_envs * num_steps = {batch_size}")
+    if args.total_timesteps < batch_size:
+        raise ValueError(f"--total-timesteps {args.total_timesteps} is less than one batch "
+                         f"(num_envs * num_steps = {batch_size})")
+    if not 0 < args.exploration_fraction <= 1:
+        raise ValueError(f"--exploration-fraction must be in (0, 1] (got "
+                         f"{args.exploration_fraction})")
+    if args.network == "cnn" and len(shape := env.observation_space(env_params).shape) != 3:
+        raise ValueError(f"--network cnn needs image observations; {args.env_id}'s are {shape}")
+    return args
+
+
+# ============================================================================ 6. hooks
+# The runner's hooks: XLA's options (ppo.py's LLVM -O1; TODO(measure) for this file), the metric
+# ranking a sweep, the metrics shown, what --save-model writes (the epsilon too: a loaded model's
+# sampled evaluation acts at it), its own switches and pictures (none).
+COMPILER_OPTIONS = {"xla_backend_optimization_level": 1}
+SCORE, SHOWN = "episode_return", {}  # SHOWN: metric -> format
+saved_model = lambda state: {"params": state.params, "epsilon": state.epsilon}
+ExtraFlags, draw = dataclasses.make_dataclass("ExtraFlags", []), lambda folder, args, state: []
+
+
+# ============================================================================ runner
+# The same in every file that trains, byte for byte (a test compares them): a sweep of
+# make_train's program and all around it. It reads these names from above the fence, no other:
+#   Hyperparams       dataclass: the algorithm's flags, env_id first, each field's docstring its
+#                     --help; resolve fills a field left None.
+#   HPARAMS           {flag: (rule text, rule)}: the float flags the program traces, typed
+#                     tuple[float, ...], several values a sweep; rule(x) -> bool, on arrays too.
+#   COUNTS            {flag: least value} of every int flag of Hyperparams (a test checks).
+#   SIZE_FLAGS        the flags that set a run's memory, named when it does not fit.
+#   resolve(args)     -> args, every None filled (presets, rules); ValueError names a bad flag.
+#   make_train(args)  -> train(key, hp) -> (state, metrics), one run, hp {HPARAMS flag: traced
+#                     float32}: train.init(key, hp) -> state (a NamedTuple whose field `key`, the
+#                     run's PRNG key, --pbt does not copy), train.update(hp, state) -> (state,
+#                     metrics), train.num_updates and, for evaluation and GIFs, train.act(state,
+#                     obs, key=None) -> actions for raw observations, greedy or, with a key,
+#                     exploring. metrics {name: scalar}: env_steps (the run's), episode_return and
+#                     episode_length (mean over the episodes ended in the update, NaN if none);
+#                     tags: episode_* -> charts/episodic_*, loss/x -> losses/x.
+#   COMPILER_OPTIONS  XLA's options for the compiled programs.
+#   SCORE, SHOWN      the metric ranking a sweep's configurations; {metric: format} to show.
+#   saved_model(state) -> {name: leaves}: all act reads; --save-model writes, --load-model reads it.
+#   ExtraFlags, draw  the file's own switches (a dataclass); draw(folder, args, state) -> [paths]
+#                     of its own pictures of one trained configuration.
+#   and the algorithm's imports of partial, jnp and np (which the runner uses too).
+import dataclasses
+import hashlib
+import itertools
+import json
+import os
+import shutil
+import signal
+import socket
+import sys
+import tempfile
+import threading
+import time
+import typing
+from typing import Optional
+
+import flax.serialization
+import jax
+import jax.extend
+import tyro
+from jax.experimental import multihost_utils
+from jax.experimental.compilation_cache import compilation_cache
+from tensorboard.compat.proto.event_pb2 import Event, SessionLog
+from tensorboard.compat.proto.summary_pb2 import Summary
+from tensorboard.plugins.text.summary_v2 import text_pb
+from tensorboard.summary.writer.event_file_writer import EventFileWriter
+
+
+# ---------------------------------- flags: the runner's beside the file's, checked before compiling
+@dataclasses.dataclass
+class Args(Hyperparams, ExtraFlags):
+    exp_name: str = os.path.basename(__file__)[: -len(".py")]
+    """name of this experiment (part of the run directory name)"""
+    seed: int = 1
+    """base seed: seed k of the sweep uses the k-th split of PRNGKey(seed)"""
+    num_seeds: int = 4
+    """independent runs side by side: vmap per device, pmap over the devices (on CPU, cores)"""
+    track: bool = True
+    """write tensorboard event files under --log-dir"""
+    log_dir: str = "runs"
+    """root of the run directories"""
+    save_model: bool = False
+    """write the final model of every run to model.msgpack in the run directory"""
+    capture_gif: bool = False
+    """after training, draw an episode of the first seed's greedy policy (gymnax's envs)"""
+    eval_episodes: int = 64
+    """after training, fresh episodes of each run's policy, greedy and exploring (where it acts)"""
+    eval_every_segment: bool = False
+    """evaluate after every segment too (tensorboard: eval/episodic_return_greedy, _sampled)"""
+    load_model: Optional[str] = None
+    """a model.msgpack (--save-model): no training; evaluate its policies (and --capture-gif)"""
+    compile_cache_dir: str = os.environ.get("JAX_COMPILATION_CACHE_DIR",
+                                            os.path.expanduser("~/.cache/jax"))
+    """persistent compilation cache, so a rerun skips most of the compile ("" turns it off)"""
+    resume: Optional[str] = None
+    """RUN_DIR of a stopped run: continue it to what the uninterrupted run computes"""
+    num_segments: Optional[int] = None
+    """calls of the compiled program, each followed by progress, events and a checkpoint"""
+    distributed: bool = False
+    """one of several processes (jax.distributed), which split the runs (implied by the next 3)"""
+    coordinator_address: Optional[str] = None
+    """--distributed: HOST:PORT of process 0; unset: detected (e.g. under SLURM or Open MPI)"""
+    num_processes: Optional[int] = None
+    """--distributed: how many processes take part; unset: detected"""
+    process_id: Optional[int] = None
+    """--distributed: this process's index, 0 to num_processes - 1; unset: detected"""
+    pbt: bool = False
+    """population-based training: the sweep's runs copy the best and perturb the swept floats"""
+    pbt_every: int = 1
+    """--pbt: segments between two steps of the population"""
+    pbt_fraction: float = 0.25
+    """--pbt: the bottom fraction copies a member of the top one, in (0, 0.5]"""
+
+
+class ArgError(ValueError):
+    """A flag broke a rule: reported as one line with exit status 2, before anything compiles."""
+
+
+flag = lambda name: "--" + name.replace("_", "-")
+
+
+def grid(args: Args) -> list:
+    """Every combination of the HPARAMS values (the first flag varies slowest)."""
+    return [dict(zip(HPARAMS, v)) for v in itertools.product(*(getattr(args, k) for k in HPARAMS))]
+
+
+RUNNER_COUNTS = dict(num_seeds=1, eval_episodes=0, num_segments=1, num_processes=1, process_id=0,
+                     pbt_every=1)
+
+
+def validate(args: Args) -> Args:
+    """Check every flag (counts: COUNTS and RUNNER_COUNTS, --seed any int) and resolve the unset
+    ones (the file's `resolve`), before any compile."""
+    for name, least in {**COUNTS, **RUNNER_COUNTS}.items():
+        if getattr(args, name) is not None and getattr(args, name) < least:
+            raise ArgError(f"{flag(name)} must be >= {least} (got {getattr(args, name)})")
+    for name, (rule, holds) in HPARAMS.items():
+        for x in getattr(args, name) or ():
+            if not holds(x):
+                raise ArgError(f"{flag(name)} must be {rule} (got {x})")
+    try:
+        args = resolve(args)
+    except ValueError as e:
+        raise ArgError(str(e)) from None
+    if not 0 < args.pbt_fraction <= 0.5:
+        raise ArgError(f"--pbt-fraction must be in (0, 0.5] (got {args.pbt_fraction})")
+    if args.pbt and len(grid(args)) * args.num_seeds < 2:
+        raise ArgError("--pbt needs a population of 2 runs or more (configurations x seeds)")
+    if args.capture_gif:  # gymnax's drawing of the env (classic control's pygame: headless)
+        for device in ("SDL_VIDEODRIVER", "SDL_AUDIODRIVER"):
+            os.environ.setdefault(device, "dummy")
+        import gymnax
+        from gymnax.visualize import Visualizer
+        try:
+            env, env_params = gymnax.make(args.env_id)
+            gif = Visualizer(env, env_params, [env.reset(jax.random.PRNGKey(0), env_params)[1]])
+            gif.init()
+            if not hasattr(gif, "im"):
+                raise ValueError("gymnax has no drawing of it")
+        except Exception as e:
+            raise ArgError(f"--capture-gif cannot draw {args.env_id} here: "
+                           f"{str(e).splitlines()[0]}") from None
+    runs_steps = args.total_timesteps * len(grid(args)) * args.num_seeds
+    return dataclasses.replace(args, num_segments=args.num_segments or max(  # one per 2^24 steps
+        10, -(-runs_steps // 2**24)))
+
+
+def parse(argv) -> Args:
+    """The command line as Args; --help shows what a flag left to resolve is on the default env."""
+    one_value = {flag(f.name) for f in dataclasses.fields(Args)
+                 if "tuple" not in str(f.type) and f.type is not bool}
+    for i, name in enumerate(argv):  # tyro would blame the second value as an unknown option
+        values = itertools.takewhile(lambda v: not v.startswith("--"), argv[i + 1:])
+        if name in one_value and len(list(values)) > 1:
+            raise ArgError(f"{name} takes one value (only the swept floats, HPARAMS, take more)")
+    shown, hinted, file = validate(Args()), [], os.path.basename(__file__)
+    algorithm_flags = {f.name for f in dataclasses.fields(Hyperparams)}
+    for field in (f for f in dataclasses.fields(Args) if f.default is None):
+        value = getattr(shown, field.name)
+        value = value[0] if isinstance(value, tuple) and len(value) == 1 else value
+        hint = f"(default: {value} on {shown.env_id})"
+        if field.name in algorithm_flags:
+            hint = f"(default: {value} on {shown.env_id}; per env: PRESETS in {file})"
+        if value is None:
+            hint = "(default: unset)"
+        config = tyro.conf.arg(help_behavior_hint=hint)
+        hinted.append((field.name, typing.Annotated[field.type, config],
+                       dataclasses.field(default=None)))
+    typed = tyro.cli(dataclasses.make_dataclass("Args", hinted, bases=(Args,)), args=argv,
+                     description=f"{__doc__.split(chr(10) * 2)[0]}\n\nThe algorithm's flags "
+                     "come first; the runner's from --exp-name on.")
+    return Args(**{f.name: getattr(typed, f.name) for f in dataclasses.fields(Args)})
+
+
+# ---------------------------------- processes: a device per core, --distributed joins the others
+EVENTS = []  # JAX's: a cache hit among those of a compile says where the program came from
+jax.monitoring.register_event_listener(lambda event, **_: EVENTS.append(event))
+JOIN_TIMEOUT_S = 60  # --distributed: a process that has not joined the others by then fails
+
+
+def meet(args: Args):
+    """Before JAX joins the processes (it aborts one whose peers never come), process 0 waits for
+    a knock of every other one, who knock until it answers; after JOIN_TIMEOUT_S, one line."""
+    host, _, port = args.coordinator_address.rpartition(":")
+    deadline, joined = time.time() + JOIN_TIMEOUT_S, 0
+    try:
+        if args.process_id == 0:
+            with socket.create_server(("", int(port))) as server:
+                server.settimeout(JOIN_TIMEOUT_S)
+                for joined in range(args.num_processes - 1):
+                    server.accept()[0].close()
+        while args.process_id:  # the others knock until process 0 answers
+            with socket.socket() as knock:
+                if knock.connect_ex((host, int(port))) == 0:
+                    break
+            if time.time() > deadline:
+                raise OSError(f"nothing answered within {JOIN_TIMEOUT_S} s")
+            time.sleep(1)
+    except TimeoutError:
+        raise ArgError(f"--coordinator-address {args.coordinator_address}: {joined} of the "
+                       f"{args.num_processes - 1} other processes joined within "
+                       f"{JOIN_TIMEOUT_S} s") from None
+    except (OSError, ValueError) as e:
+        raise ArgError(f"--coordinator-address {args.coordinator_address}: {e}") from None
+
+
+def start_processes(args: Args):
+    """--distributed (implied by its three flags): join the others, check the runs split evenly."""
+    if not (args.distributed or args.coordinator_address or args.num_processes
+            or args.process_id is not None):
+        return
+    if args.coordinator_address and 0 <= (args.process_id or 0) < (args.num_processes or 0):
+        meet(args)  # (an id out of range, or no count: JAX's own immediate error below)
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")  # collectives on CPU
+    jax.extend.backend.clear_backends()  # started by the checks (gymnax): JAX must join first
+    try:
+        jax.distributed.initialize(args.coordinator_address, args.num_processes, args.process_id,
+                                   initialization_timeout=JOIN_TIMEOUT_S)
+    except ValueError as e:  # JAX's own checks: no address or count given or found, id range
+        raise ArgError(f"--distributed: {e}") from None
+    runs, processes = len(grid(args)) * args.num_seeds, jax.process_count()
+    if runs % processes:
+        raise ArgError(f"{runs} runs (configurations x seeds) do not split over {processes} "
+                       "processes")
+
+
+# ----------------------- the sweep: segments of one program over the devices, PBT between them
+def segments(args: Args, num_devices: Optional[int] = None, start=None):
+    """Train grid(args) x seeds (seed k: the k-th split of PRNGKey(args.seed)) in num_segments
+    calls of one program, pmap over the most devices (<= num_devices) dividing this process's runs
+    x vmap. Yields after each (state, metrics [runs, updates so far], timing): every process's."""
+    configs, seeds, runs = grid(args), args.num_seeds, len(grid(args)) * args.num_seeds
+    share = runs // jax.process_count()  # this process's runs (all of them without --distributed)
+    mine = slice(jax.process_index() * share, (jax.process_index() + 1) * share)
+    limit = num_devices or jax.local_device_count()
+    devices = jax.local_devices()[: max(d for d in range(1, limit + 1) if share % d == 0)]
+    keys = jnp.tile(jax.random.split(jax.random.PRNGKey(args.seed), seeds), (len(configs), 1))
+    hp_runs = {k: np.repeat(np.float32([c[k] for c in configs]), seeds) for k in HPARAMS}
+    layout = lambda x: x[mine].reshape(len(devices), share // len(devices), *x.shape[1:])
+    keys, hp = layout(keys), jax.tree.map(layout, hp_runs)
+    train = make_train(args)
+    length = -(-train.num_updates // args.num_segments)  # the last segment may run fewer
+
+    def one_segment(hp, state, valid):
+        """`length` updates, the first `valid` (traced) taken: the last, shorter segment too."""
+        update = partial(train.update, hp)
+
+        def skip(state):  # the state as it is, and metrics of zeros
+            shapes = jax.eval_shape(update, state)[1]
+            return state, jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), shapes)
+
+        def step(state, i):
+            state, metrics = jax.lax.cond(i < valid, update, skip, state)
+            if args.pbt:  # the values in force (the schedule, what --resume continues with)
+                metrics.update({f"hp/{k}": v for k, v in hp.items()})
+                metrics["pbt/copied_from"] = jnp.float32(jnp.nan)  # set after a population step
+            return state, metrics
+
+        return jax.lax.scan(step, state, jnp.arange(length))
+
+    def gather(tree):
+        """numpy [runs, ...] leaves of all the processes' runs: with several, one transfer of
+        every leaf's bytes side by side (a transfer per leaf would compile a program each)."""
+        leaves, treedef = jax.tree.flatten(jax.device_get(tree))
+        rows = [np.ascontiguousarray(x).reshape(share, -1).view(np.uint8) for x in leaves]
+        if jax.process_count() > 1:
+            rows = np.split(multihost_utils.process_allgather(np.concatenate(rows, 1), tiled=True),
+                            np.cumsum([r.shape[1] for r in rows])[:-1], axis=1)
+        return jax.tree.unflatten(treedef, [r.view(x.dtype).reshape(runs, *x.shape[2:])
+                                            for r, x in zip(rows, leaves)])
+
+    explore = jax.jit(partial(exploit_and_explore, args))
+
+    def population(state, hp, metrics, first: int):
+        """(state, hp, copied_from) for the segment from update `first`, after PBT if it is due."""
+        if (first // length) % args.pbt_every or first >= train.num_updates:
+            return state, hp, None
+        with np.errstate(all="ignore"):  # fitness: SCORE's mean over the segment just ended
+            fitness = np.nanmean(metrics[SCORE][:, first - length:first], axis=1)
+        key = jax.random.fold_in(jax.random.PRNGKey(args.seed), first)  # the same on --resume
+        return jax.device_get(explore(state, hp, np.nan_to_num(fitness, nan=-np.inf), key))
+
+    init_on_devices = jax.pmap(jax.vmap(train.init), devices=devices)
+    segment_on_devices = jax.pmap(jax.vmap(one_segment, in_axes=(0, 0, None)), devices=devices,
+                                  donate_argnums=1)
+    t0, seen = time.perf_counter(), len(EVENTS)  # a cache hit from here on is training's
+    shapes = jax.eval_shape(init_on_devices, keys, hp)  # the state's: [devices, per device, ...]
+    per_device = lambda valid: np.full(len(devices), valid, np.int32)  # (no broadcast: processes)
+    if jax.process_count() > 1:  # (pmap lowers abstract arguments of one process only)
+        shapes = jax.tree.map(lambda s: np.zeros(s.shape, s.dtype), shapes)
+    run_segment = segment_on_devices.lower(hp, shapes, per_device(length)).compile(
+        COMPILER_OPTIONS)
+    run_init = init_on_devices.lower(keys, hp).compile(COMPILER_OPTIONS) if start is None else None
+    check_memory(args, [p for p in (run_init, run_segment) if p], len(devices))
+    compile_s, cached = time.perf_counter() - t0, any(e.endswith("hits") for e in EVENTS[seen:])
+    if start is None:
+        state, metrics = run_init(keys, hp), None
+    else:  # the checkpoint's leaves are [runs, ...]: the structure comes from init's
+        saved_state, metrics = start
+        try:
+            state = flax.serialization.from_state_dict(shapes, saved_state)
+        except (ValueError, KeyError) as e:
+            raise ArgError(f"--resume: the checkpoint's state does not fit this file's ({e})")
+        if args.pbt:  # those of the last segment; the population steps on as it would have
+            hp_runs = {k: metrics[f"hp/{k}"][:, -1] for k in HPARAMS}
+            state, hp_runs, _ = population(state, hp_runs, metrics, metrics["env_steps"].shape[1])
+        state = jax.tree.map(layout, state)
+    done = 0 if metrics is None else metrics["env_steps"].shape[1]
+    steps_before = 0 if done == 0 else metrics["env_steps"][0, done - 1]
+    valid = lambda first: min(length, train.num_updates - first)  # updates in that segment
+    t_start = time.perf_counter()
+    out = run_segment(jax.tree.map(layout, hp_runs), state, per_device(valid(done)))
+    for first in range(done, train.num_updates, length):
+        state, new = gather(out)  # (this waits for the segment)
+        new = jax.tree.map(lambda x: x[:, :valid(first)], new)
+        metrics = new if metrics is None else jax.tree.map(
+            lambda a, b: np.concatenate([a, b], axis=1), metrics, new)
+        following = out[0]  # the next segment runs while the host writes this one
+        if args.pbt:  # (a population's step waits for this one's end); the copies' sources
+            following, hp_runs, copied = population(state, hp_runs, metrics, first + length)
+            following = jax.tree.map(layout, following)
+            if copied is not None:  # at the segment's last update
+                column = np.where(copied < 0, np.nan, copied)[:, None]
+                metrics["pbt/copied_from"] = np.hstack([metrics["pbt/copied_from"][:, :-1], column])
+        if first + length < train.num_updates:
+            out = run_segment(jax.tree.map(layout, hp_runs), following,
+                              per_device(valid(first + length)))
+        run_s = time.perf_counter() - t_start
+        yield state, metrics, {
+            "compile_s": compile_s, "run_s": run_s, "cached": cached, "first": first,
+            "num_updates": train.num_updates, "devices": len(devices) * jax.process_count(),
+            "sps": runs * float(metrics["env_steps"][0, -1] - steps_before) / run_s}
+
+
+def check_memory(args: Args, programs, devices: int):
+    """Refuse programs whose memory (XLA's estimate) exceeds what this process can have."""
+    need = max(m.argument_size_in_bytes + m.output_size_in_bytes + m.temp_size_in_bytes
+               - m.alias_size_in_bytes for m in (p.memory_analysis() for p in programs))
+    if jax.default_backend() == "cpu":
+        need, where = need * devices, "available on this machine"
+        try:  # Linux's estimate of what can be had without swapping; elsewhere, all of it
+            with open("/proc/meminfo") as f:
+                have = 1024 * int(next(x for x in f if x.startswith("MemAvailable")).split()[1])
+        except OSError:
+            have = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    else:
+        where = f"on each {jax.default_backend()} device"
+        have = (jax.local_devices()[0].memory_stats() or {}).get("bytes_limit", np.inf)
+    if need > have:
+        sizes = ", ".join(flag(k) for k in (*SIZE_FLAGS, "num_seeds"))
+        raise ArgError(f"the run needs about {need / 2**30:.1f} GiB (XLA's estimate), more than "
+                       f"the {have / 2**30:.1f} GiB {where}: make {sizes} smaller")
+
+
+def exploit_and_explore(args: Args, state, hp, fitness, key):
+    """PBT's step (Jaderberg et al. 2017) over the population ([runs, ...] leaves, hp {flag:
+    [runs]}, fitness [runs]): each of the bottom --pbt-fraction copies the state (but its key) and
+    hyperparameters of a member drawn from the top fraction, then multiplies each swept float by
+    0.8 or 1.25, where its rule still holds. (state, hp, copied_from [runs]: -1 for the others)."""
+    runs = len(fitness)
+    n, order = max(1, int(args.pbt_fraction * runs)), jnp.argsort(fitness)  # worst first
+    k_pick, *k_flags = jax.random.split(key, 1 + len(HPARAMS))
+    source = jnp.arange(runs).at[order[:n]].set(jax.random.choice(k_pick, order[-n:], (n,)))
+    copied = jnp.where(source == jnp.arange(runs), -1, source)
+    hp = {k: v[source] for k, v in hp.items()}
+    for (k, (_, holds)), k_flag in zip(HPARAMS.items(), k_flags):
+        if len(getattr(args, k)) > 1:  # a swept flag
+            moved = hp[k] * jnp.where(jax.random.bernoulli(k_flag, 0.5, (runs,)), 0.8, 1.25)
+            hp[k] = jnp.where((copied >= 0) & holds(moved), moved, hp[k])
+    return jax.tree.map(lambda x: x[source], state)._replace(key=state.key), hp, copied
+
+
+def run(args: Args, num_devices: Optional[int] = None):
+    """(state, metrics, timing) of the whole sweep, leaves [num_seeds] or [configs, seeds]."""
+    *_, (state, metrics, timing) = segments(args, num_devices)
+    lead = (len(grid(args)), args.num_seeds) if len(grid(args)) > 1 else (args.num_seeds,)
+    return *jax.tree.map(lambda x: x.reshape(*lead, *x.shape[1:]), (state, metrics)), timing
+
+
+# ------------------------------------ output: progress, statistics, summary, tensorboard events
+def final_returns(metrics, fraction=0.05):
+    """Per run: mean episode_return over the last `fraction` of updates (NaNs ignored)."""
+    returns = np.asarray(metrics["episode_return"])
+    return np.nanmean(returns[..., -max(1, round(returns.shape[-1] * fraction)):], axis=-1)
+
+
+def progress(args: Args, metrics, timing) -> str:
+    """After each segment: steps, the return of the segment's episodes, the SHOWN metrics, speed."""
+    returns, steps = metrics["episode_return"][:, timing["first"]:], metrics["env_steps"][0]
+    finished = np.isfinite(returns).any(1)
+    line = [f"return {np.mean([np.nanmean(r) for r in returns[finished]]):8.4g} (episodes of "
+            f"{finished.sum()} of {len(returns)} runs)" if finished.any()
+            else "no episode finished yet"] + [f"{k} {form.format(np.mean(metrics[k][:, -1]))}"
+                                               for k, form in SHOWN.items()]
+    total = steps[-1] / len(steps) * timing["num_updates"]
+    return (f"[{args.exp_name}] steps {steps[-1]:>12,.0f} / {total:,.0f}  {' '.join(line)}  "
+            f"SPS {timing['sps']:,.0f}")
+
+
+def iqm(x) -> float:
+    """Interquartile mean (Agarwal et al. 2021): the mean of the middle half of the values."""
+    x = np.sort(np.asarray(x, dtype=np.float64).ravel())
+    low, high = int(np.floor(0.25 * len(x))), int(np.ceil(0.75 * len(x)))
+    return float(x[low:high].mean()) if high > low else float(x.mean())
+
+
+def bootstrap_ci(x, stat=np.mean, resamples: int = 5000, level: float = 0.95, seed: int = 0):
+    """Percentile-bootstrap confidence interval of `stat` over the runs in x."""
+    x = np.asarray(x, dtype=np.float64).ravel()
+    picks = np.random.default_rng(seed).integers(0, len(x), size=(resamples, len(x)))
+    stats = [stat(x[p]) for p in picks]
+    return tuple(float(q) for q in np.quantile(stats, [(1 - level) / 2, (1 + level) / 2]))
+
+
+def summary(args: Args, metrics, timing, evals={}) -> str:
+    """metrics [runs, updates], evals {tag: [runs]}: a configuration's seeds, or a sweep's rows."""
+    configs, shown = grid(args), {**dict.fromkeys(evals, "{:.4g}"), **SHOWN}
+    by_config = lambda x: np.asarray(x).reshape(len(configs), args.num_seeds)
+    finals = {"episode_return": by_config(final_returns(metrics)),
+              **{k: by_config(evals[k] if k in evals else metrics[k][:, -1]) for k in shown}}
+    sweep = f"{len(configs)} configurations x " if len(configs) > 1 else ""
+    flags = {f.name: getattr(args, f.name) for f in dataclasses.fields(Hyperparams)}
+    flags = {k: v for k, v in flags.items() if k != "env_id" and not (k in HPARAMS and len(v) > 1)}
+    lines = [f"{args.exp_name} on {args.env_id}: {sweep}{args.num_seeds} seeds x "
+             f"{metrics['env_steps'][0, -1]:,.0f} steps",  # then the flags as resolved, but swept
+             "flags: " + " ".join(f"{k}={v[0] if k in HPARAMS else v}" for k, v in flags.items())]
+    timing_line = (f"{timing['devices']} device(s)  compile {timing['compile_s']:.1f} s"
+                   f"{' (cache)' if timing['cached'] else ''}  run {timing['run_s']:.1f} s  |  "
+                   f"{timing['sps']:,.0f} steps/s")
+    returns, varied = finals["episode_return"], [k for k in HPARAMS if len(getattr(args, k)) > 1]
+    if len(configs) == 1:
+        lines.append("final return per seed (last 5% of updates): "
+                     + " ".join(f"{r:.4g}" for r in returns[0]))
+        for k, form in shown.items():
+            what = "last update" if k in SHOWN else f"{args.eval_episodes} episodes"
+            values = " ".join(form.format(x) for x in finals[k][0])
+            lines.append(f"{k} per seed ({what}): {values}")
+        timing_line = f"mean {np.mean(returns):.4g}  min {np.min(returns):.4g}  |  {timing_line}"
+    else:
+        lines.append(" | ".join([*varied, "final return mean [95% CI over seeds]", "IQM", "worst",
+                                 *shown]))
+        for c in np.argsort(-finals[SCORE].mean(1), kind="stable"):
+            x, ci = returns[c], bootstrap_ci(returns[c])  # over this configuration's seeds
+            lines.append(" | ".join(
+                [f"{configs[c][k]:g}" for k in varied]
+                + [f"{x.mean():.4g} [{ci[0]:.4g}, {ci[1]:.4g}]", f"{iqm(x):.4g}", f"{x.min():.4g}"]
+                + [form.format(finals[k][c].mean()) for k, form in shown.items()]))
+    if args.pbt:  # the final population best first, its values in force, the best's schedule
+        members, steps = final_returns(metrics), metrics["env_steps"][0]
+        order = np.argsort(-members, kind="stable")
+        lines.append("population, best first: run | final return | " + " | ".join(varied))
+        lines += [" | ".join([str(r), f"{members[r]:.4g}"] + [f"{metrics[f'hp/{k}'][r, -1]:.4g}"
+                                                             for k in varied]) for r in order]
+        for k in varied:
+            schedule = metrics[f"hp/{k}"][order[0]]
+            changes = [0, *np.flatnonzero(np.diff(schedule)) + 1]  # where a new value holds
+            lines.append(f"run {order[0]}'s {k}: " + ", ".join(
+                f"{schedule[i]:.4g} from step {steps[i] - steps[0]:,.0f}" for i in changes))
+    return "\n".join(lines + [timing_line])
+
+
+def config_dirs(run_dir, args: Args) -> list:
+    """(arguments, directory) of each configuration: in a sweep, one named by its swept values."""
+    return [(dataclasses.replace(args, **{k: (v,) for k, v in config.items()}), os.path.join(
+        run_dir, "__".join(f"{k}={v:g}" for k, v in config.items() if len(getattr(args, k)) > 1)))
+        for config in grid(args)]
+
+
+class Tensorboard:
+    """An event file per run by tensorboard's own writer, flushed after each segment."""
+    TAGS = {"episode_return": "charts/episodic_return", "episode_length": "charts/episodic_length"}
+
+    def __init__(self, run_dir, args: Args, done):  # done: the env_steps already written
+        self.writers, self.written = [], done.shape[1]
+        for one, config_dir in config_dirs(run_dir, args):
+            table = "|param|value|\n|-|-|\n" + "\n".join(f"|{k}|{v}|" for k, v in vars(one).items())
+            first = Event(summary=text_pb("hyperparameters", table))
+            if done.size:  # a resumed run's START: TensorBoard drops the stopped run's later steps
+                first = Event(step=int(done[0, -1]) + 1,
+                              session_log=SessionLog(status=SessionLog.START))
+            for k in range(args.num_seeds):  # (an OSError here names its path)
+                self.writers.append(EventFileWriter(os.path.join(config_dir, f"seed_{k}")))
+                self.writers[-1].add_event(first)
+
+    def write(self, metrics, last: dict):
+        """metrics' updates not written yet, `last` {tag: [runs]} at each run's last step."""
+        new = {k: v[:, self.written:] for k, v in metrics.items()}
+        self.written, steps = metrics["env_steps"].shape[1], new.pop("env_steps")
+        for r, writer in enumerate(self.writers):
+            for i, step in enumerate(steps[r]):
+                for k, v in new.items():
+                    if np.isfinite(v[r, i]):
+                        writer.add_event(self.scalar(k, v[r, i], step))
+            for k, v in last.items():
+                writer.add_event(self.scalar(k, v[r], metrics["env_steps"][r, -1]))
+            try:
+                writer.flush()
+            except OSError as e:  # (its thread's: quiet_writer_errors keeps it to one line)
+                raise OSError(e.errno, e.strerror, writer.get_logdir()) from None
+
+    def scalar(self, name: str, value, step) -> Event:
+        value = Summary.Value(tag=self.TAGS.get(name, name.replace("loss/", "losses/")),
+                              simple_value=float(value))
+        return Event(wall_time=time.time(), step=int(step), summary=Summary(value=[value]))
+
+    @staticmethod
+    def quiet_writer_errors(hook):  # (threading.excepthook: write() reports a writer's error)
+        if not issubclass(hook.exc_type, OSError):
+            threading.__excepthook__(hook)
+
+
+# ------------------------------------------- files: checkpoints and models; evaluation and GIFs
+def write_atomic(path, data: bytes):
+    """Write beside `path`, then rename: a reader, or a crash, sees the old file or the new one;
+    a failed write leaves no temporary file and names `path`. Mode: as open() gives (umask)."""
+    with tempfile.NamedTemporaryFile(dir=os.path.dirname(path), delete=False) as f:
+        try:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+            os.chmod(f.name, 0o666 & ~UMASK)  # not the temporary file's 0600
+        except OSError as e:
+            os.unlink(f.name)
+            raise OSError(e.errno, e.strerror, path) from None
+    os.replace(f.name, path)
+
+
+UMASK = os.umask(0o022)  # read (and put back) once
+os.umask(UMASK)
+
+
+def write_checkpoint(run_dir, args: Args, state, metrics, num_updates):
+    """run_dir/checkpoint.msgpack: the arguments, every run's state and metrics, after a SHA-256."""
+    data = flax.serialization.msgpack_serialize({
+        "format": FORMAT, "file": os.path.basename(__file__), "num_updates": num_updates,
+        "args": json.dumps(dataclasses.asdict(args)), "metrics": metrics,
+        "state": flax.serialization.to_state_dict(state)})
+    write_atomic(os.path.join(run_dir, "checkpoint.msgpack"), hashlib.sha256(data).digest() + data)
+
+
+FORMAT = 2  # of checkpoint.msgpack: a file reads the format it writes, and refuses others
+# Flags that --resume and --load-model may change, which do not change what is computed: the
+# runner's, but these. Typed, they win; else the saved value holds, but for this process's own.
+RESUME_MAY_CHANGE = {f.name for f in dataclasses.fields(Args)} - {
+    f.name for f in dataclasses.fields(Hyperparams)} - {"seed", "num_seeds", "num_segments", "pbt",
+                                                         "pbt_every", "pbt_fraction"}
+THIS_PROCESS = ("resume", "load_model", "compile_cache_dir", "distributed", "coordinator_address",
+                "num_processes", "process_id")
+
+
+def read_saved(args: Args, argv) -> tuple:
+    """(arguments, contents) of --resume's checkpoint or --load-model's model: the saved arguments
+    but for the typed flags of RESUME_MAY_CHANGE (the others must agree)."""
+    if args.load_model and args.resume:
+        raise ArgError("--load-model plays a saved model; --resume trains on: choose one")
+    name, path = "--load-model", args.load_model
+    if args.resume:
+        name, path = "--resume", os.path.join(args.resume, "checkpoint.msgpack")
+    try:
+        with open(path, "rb") as f:
+            digest, data = (f.read(32), f.read()) if args.resume else (None, f.read())
+        if digest and hashlib.sha256(data).digest() != digest:
+            raise ValueError("its checksum does not match: the file is damaged")
+        saved = flax.serialization.msgpack_restore(data)
+        if not isinstance(saved, dict) or "args" not in saved:
+            raise ValueError("it holds no arguments")
+    except (OSError, ValueError) as e:
+        raise ArgError(f"{name} {path}: not a usable file ({e})") from None
+    if saved.get("format", 0) != FORMAT:
+        raise ArgError(f"{name} {path}: its format is {saved.get('format', 0)}; this file reads "
+                       f"format {FORMAT}")
+    flags, ours = json.loads(saved["args"]), {f.name for f in dataclasses.fields(Args)}
+    if set(flags) != ours:
+        raise ArgError(f"{name} {path}: written by {saved['file']}, whose flags differ from this "
+                       f"file's ({', '.join(sorted(set(flags) ^ ours))})")
+    typed = {a.split("=")[0] for a in argv}
+    for k, v in flags.items():
+        differs = json.loads(json.dumps(getattr(args, k))) != v  # (tuples as JSON's lists)
+        if k not in RESUME_MAY_CHANGE and flag(k) in typed and differs:
+            raise ArgError(f"{flag(k)} differs from the saved {v}: {name} takes the run as it "
+                           "was started")
+    if args.resume and saved["metrics"]["env_steps"].shape[1] >= saved["num_updates"]:
+        raise ArgError(f"--resume {args.resume}: that run is finished (no update left)")
+
+    def as_tuples(value):  # JSON's lists, nested too, as the tuples the flags hold
+        return tuple(as_tuples(v) for v in value) if isinstance(value, list) else value
+
+    kept = {k: as_tuples(v) for k, v in flags.items()
+            if k not in THIS_PROCESS and not (k in RESUME_MAY_CHANGE and flag(k) in typed)}
+    return dataclasses.replace(args, **kept), saved
+
+
+def play(args: Args, runner, key, episodes: int):
+    """`episodes` fresh episodes of a run's policy by its greedy actions, as many exploring, to
+    the time limit: per step [T, 2 x episodes] the env states before it, rewards, ended."""
+    import gymnax
+    env, env_params = gymnax.make(args.env_id)
+    act, vstep = make_train(args).act, jax.vmap(env.step, in_axes=(0, 0, 0, None))
+
+    def step(carry, key):
+        obs, env_state, ended = carry
+        k_act, k_env = jax.random.split(key)
+        action = jnp.concatenate([act(runner, obs[:episodes]), act(runner, obs[episodes:], k_act)])
+        obs, next_state, reward, terminated, truncated, _ = vstep(
+            jax.random.split(k_env, 2 * episodes), env_state, action, env_params)
+        return (obs, next_state, ended | terminated | truncated), (env_state, reward, ended)
+
+    keys = jax.random.split(key, env_params.max_steps_in_episode + 1)
+    obs, env_state = jax.vmap(env.reset, in_axes=(0, None))(
+        jax.random.split(keys[0], 2 * episodes), env_params)
+    return jax.lax.scan(step, (obs, env_state, jnp.zeros(2 * episodes, bool)), keys[1:])[1]
+
+
+def evaluator(args: Args):
+    """The runs' final states ([runs, ...] leaves) -> {tag: [runs]}, each run's mean return over
+    --eval-episodes fresh episodes, greedy and sampled (seed k's keys in every configuration);
+    None without `act`."""
+    if not (args.eval_episodes and hasattr(make_train(args), "act")):
+        return None
+
+    def mean_returns(runner, key):
+        _, rewards, ended = play(args, runner, key, args.eval_episodes)
+        returns = jnp.split(jnp.where(ended, 0.0, rewards).sum(0), 2)  # greedy, sampled
+        return {f"eval/episodic_return_{kind}": x.mean()
+                for kind, x in zip(("greedy", "sampled"), returns)}
+
+    scores = jax.jit(jax.vmap(mean_returns))
+    keys = jax.random.split(jax.random.fold_in(jax.random.PRNGKey(args.seed), 1), args.num_seeds)
+    keys = jnp.tile(keys, (len(grid(args)), 1))
+    return lambda state: jax.device_get(scores(state, keys))
+
+
+def capture_gif(path, args: Args, state):
+    """An episode of the first run's greedy policy, drawn by gymnax's Visualizer."""
+    import gymnax
+    from gymnax.visualize import Visualizer
+    states, rewards, ended = play(args, jax.tree.map(lambda x: x[0], state),
+                                  jax.random.PRNGKey(args.seed), 1)  # [:, 0]: greedy
+    frames = int(np.argmax(ended[:, 0])) if ended[:, 0].any() else len(ended)  # the episode's steps
+    Visualizer(*gymnax.make(args.env_id), [jax.tree.map(lambda x: x[t, 0], states)
+                                           for t in range(frames)],
+               np.cumsum(rewards[:frames, 0])).animate(path)
+    return path
+
+
+def save_model(model_dir, args: Args, state):
+    """Atomically write saved_model(state) of every seed, and the arguments, to model.msgpack."""
+    write_atomic(os.path.join(model_dir, "model.msgpack"), flax.serialization.msgpack_serialize(
+        {"format": FORMAT, "file": os.path.basename(__file__),
+         "args": json.dumps(dataclasses.asdict(args)), **saved_model(state)}))
+    return os.path.join(model_dir, "model.msgpack")
+
+
+def load_model(args: Args, saved):
+    """Each seed's state from a saved model: init's, with the leaves saved_model picks replaced."""
+    hp = {k: jnp.full(args.num_seeds, getattr(args, k)[0], jnp.float32) for k in HPARAMS}
+    leaves, treedef = jax.tree.flatten(jax.vmap(make_train(args).init)(
+        jax.random.split(jax.random.PRNGKey(args.seed), args.num_seeds), hp))
+    where = saved_model(jax.tree.unflatten(treedef, range(len(leaves))))  # leaf indices
+    mine = {k: saved.get(k) for k in where}
+    same_tree = jax.tree.structure(mine) == jax.tree.structure(where)
+    if not same_tree or any(np.shape(x) != leaves[i].shape
+                            for i, x in zip(*map(jax.tree.leaves, (where, mine)))):
+        raise ArgError(f"--load-model {args.load_model}: its model does not fit this file's")
+    for i, x in zip(*map(jax.tree.leaves, (where, mine))):
+        leaves[i] = x
+    return jax.tree.unflatten(treedef, leaves)
+
+
+# ------------------------------ main: signals, the sweep and its files, errors as one line each
+STOP = []  # the signals received: the run stops at the end of the current segment
+
+
+def stop_after_segment(signum, frame):
+    """The first Ctrl-C or SIGTERM (a scheduler's notice of preemption) lets the segment finish
+    and checkpoint; a second one (the default handlers back) stops at once."""
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, signal.SIG_DFL)
+    STOP.append(signum)
+    print(f"\n{signal.Signals(signum).name}: stopping at the end of this segment (again: at "
+          "once)", file=sys.stderr)
+
+
+def train_and_write(args: Args, checkpoint, run_dir, is_lead: bool):
+    """The sweep: progress, events and a checkpoint after each segment (is_lead: this process
+    writes and prints, process 0 of --distributed), then evaluation and files."""
+    start = (checkpoint["state"], checkpoint["metrics"]) if checkpoint else None
+    done = start[1]["env_steps"] if start else np.zeros((1, 0))  # the steps already written
+    events = Tensorboard(run_dir, args, done) if is_lead and args.track else None
+    evaluate, evals = evaluator(args) if is_lead else None, {}
+    for state, metrics, timing in segments(args, start=start):
+        if args.eval_every_segment and evaluate:
+            evals = evaluate(state)
+        if events:
+            speed = [timing["sps"]] * len(metrics["env_steps"])
+            events.write(metrics, {"charts/SPS": speed, **evals})
+        if is_lead:
+            write_checkpoint(run_dir, args, state, metrics, timing["num_updates"])
+            print(progress(args, metrics, timing), flush=True)
+        # Every process stops after the same segment: the others would wait for it forever.
+        stop = multihost_utils.process_allgather(np.int32(STOP[0] if STOP else 0))
+        if stop.any():
+            if is_lead:
+                print(f"stopped with a checkpoint; continue with: python {sys.argv[0]} --resume "
+                      f"{run_dir}", flush=True)
+            sys.exit(128 + int(stop.max()))  # 130 after Ctrl-C, 143 after SIGTERM
+    if not is_lead:
+        return
+    if evaluate and not args.eval_every_segment:
+        evals = evaluate(state)
+        if events:
+            events.write(metrics, evals)
+    for c, (one, config_dir) in enumerate(config_dirs(run_dir, args)):
+        os.makedirs(config_dir, exist_ok=True)
+        seeds = slice(c * args.num_seeds, (c + 1) * args.num_seeds)  # this configuration's
+        write_files(config_dir, one, jax.tree.map(lambda x: x[seeds], state), args.save_model)
+    print(summary(args, metrics, timing, evals))
+
+
+def write_files(folder, args: Args, state, saving: bool):
+    """One configuration's model (if saving), GIF (if asked) and the file's pictures."""
+    paths = [save_model(folder, args, state)] if saving else []
+    if args.capture_gif:
+        paths.append(capture_gif(os.path.join(folder, "episode.gif"), args, state))
+    for path in paths + draw(folder, args, state):
+        print(f"saved {path}")
+
+
+def main():
+    # A CPU device per core (XLA runs a program on about one), unless XLA_FLAGS or jax chose.
+    if ("xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", "")
+            and jax.config.jax_num_cpu_devices < 0 and jax.default_backend() == "cpu"):
+        jax.extend.backend.clear_backends()
+        jax.config.update("jax_num_cpu_devices", os.cpu_count() or 1)
+    try:
+        args, saved = parse(sys.argv[1:]), None
+        if args.resume or args.load_model:  # the saved flags, before any is judged
+            args, saved = read_saved(args, sys.argv[1:])
+        args = validate(args)
+        start_processes(args)
+        run_dir = args.resume or os.path.join(
+            args.log_dir, f"{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}")
+        is_lead = jax.process_index() == 0  # --distributed: process 0 alone writes and prints
+        if is_lead and not args.load_model:
+            os.makedirs(run_dir, exist_ok=True)  # before anything compiles: --log-dir must work
+    except (ArgError, OSError) as e:  # (an OSError: --log-dir cannot be made)
+        print(f"error: {'' if isinstance(e, ArgError) else '--log-dir: '}{e}", file=sys.stderr)
+        sys.exit(2)
+    # The cache is set up at the first compile (importing gymnax runs some): set it up again.
+    compilation_cache.set_cache_dir(args.compile_cache_dir or None)
+    compilation_cache.reset_cache()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, stop_after_segment)
+    threading.excepthook = Tensorboard.quiet_writer_errors
+    try:
+        if not args.load_model:
+            train_and_write(args, saved, run_dir, is_lead)
+        else:  # the saved policy of each seed, evaluated and drawn as after training
+            state, evaluate = load_model(args, saved), evaluator(args)
+            print(f"{args.exp_name} on {args.env_id}: {args.num_seeds} seeds of {args.load_model}")
+            write_files(os.path.dirname(args.load_model), args, state, saving=False)
+            for k, v in (evaluate(state) if evaluate else {}).items():
+                print(f"{k} per seed ({args.eval_episodes} episodes): "
+                      + " ".join(f"{x:.4g}" for x in v))
+    except ArgError as e:  # the memory check, or a checkpoint this file cannot continue
+        if is_lead and not args.resume:
+            shutil.rmtree(run_dir, ignore_errors=True)
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
+    except OSError as e:  # a file that cannot be written: no space left, no permission...
+        intact = "" if args.load_model else f" (the last checkpoint in {run_dir} is intact)"
+        print(f"error: cannot write {e.filename}: {e.strerror}{intact}", file=sys.stderr)
+        sys.exit(74)  # EX_IOERR
+
+
+if __name__ == "__main__":
+    main()
