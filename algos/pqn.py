@@ -11,7 +11,8 @@ one `jax.jit`:
     python algos/pqn.py --q-lambda 0             # one-step TD targets instead of Q(lambda)
     python algos/pqn.py --env-id Breakout-MinAtar --capture-gif   # the CNN, 10M steps
 
-Expect: CartPole-v1 ends at TODO(measure); Breakout-MinAtar at TODO(measure). See --help.
+Expect: CartPole-v1's greedy policy at 500 on every seed (its training return near 450: it
+explores at epsilon 0.2 to the end); MinAtar at ppo's steps: benchmarks/results/MINATAR.md.
 """
 
 # ============================================================================ imports
@@ -345,7 +346,7 @@ def resolve(args):
 
 
 # ============================================================================ 6. hooks
-# The runner's hooks: XLA's options (ppo.py's LLVM -O1; TODO(measure) for this file), the metric
+# The runner's hooks: XLA's options (ppo.py's LLVM -O1, not measured for this file), the metric
 # ranking a sweep, the metrics shown, what --save-model writes (the epsilon too: a loaded model's
 # sampled evaluation acts at it), its own switches and pictures (none).
 COMPILER_OPTIONS = {"xla_backend_optimization_level": 1}

@@ -83,13 +83,14 @@ PRESET_SOURCE = (
 
 
 def resolved(config: dict) -> dict:
-    """Worker: ppo.py's arguments for `--env-id config["game"]` plus config["extra"], as its
-    validate() resolves them (no compile), for the report: what the preset set. In a process of
-    its own, as importing ppo.py picks the device count, which only a fresh process may do."""
+    """Worker: ppo.py's (or config["file"]'s) arguments for `--env-id config["game"]` plus
+    config["extra"], as its validate() resolves them (no compile), for the report: what the preset
+    set. In a process of its own, as importing a file picks the device count, which only a fresh
+    process may do."""
     import dataclasses
 
-    ppo = common.import_algo("ppo")
-    return dataclasses.asdict(ppo.validate(ppo.Args(env_id=config["game"], **config["extra"])))
+    algo = common.import_algo(config.get("file", "ppo"))
+    return dataclasses.asdict(algo.validate(algo.Args(env_id=config["game"], **config["extra"])))
 
 
 def verdict(final, target: float) -> str:
@@ -247,7 +248,7 @@ def run(quick: bool = False) -> str:
     if search.exists() and not quick:
         text += ["## The preset search (benchmarks/search_minatar.py, seed bases 1 and 2)",
                  search.read_text().strip()]
-    return "\n\n".join(text + ([] if quick else [cnn_speed(), small_tasks()]))
+    return "\n\n".join(text + ([] if quick else [pqn_rows(), cnn_speed(), small_tasks()]))
 
 
 # What the MountainCar-v0 preset search tried (2026-11-24, ppo.py, 4 seeds per seed base, mean of
@@ -315,6 +316,44 @@ def worker(config: dict) -> dict:
     return {"sps": kept["timing"]["sps"]}
 
 
+def pqn_rows(quick: bool = False) -> str:
+    """pqn.py beside ppo.py on each game, at ppo's preset's steps (pqn's own preset: 10M), on the
+    same held-out seeds; no published PQN return is stated for gymnax's MinAtar, so no target."""
+    rows = []
+    for game in QUICK_GAMES if quick else GAMES:
+        ours = common.run_worker(Path(__file__), {"game": game, "extra": {}}, as_user=True)
+        steps = QUICK_UPDATES * 128 * 32 if quick else ours["total_timesteps"]
+        preset = common.run_worker(Path(__file__), {"file": "pqn", "game": game,
+                                                    "extra": {"total_timesteps": steps}},
+                                   as_user=True)
+        flags = ["--env-id", game, "--seed", str(HELD_OUT_SEED), "--total-timesteps", str(steps)]
+        with tempfile.TemporaryDirectory() as cache:
+            r = common.run_command("pqn", flags, np.inf, cache)
+        final, evaluation = np.asarray(r["final"][0], dtype=np.float64), scored(r)
+        rows.append([game, f"`pqn.py {' '.join(flags)}`",
+                     f"{len(final)} x {r['total_timesteps']:,}",
+                     common.with_ci(final), common.with_ci(evaluation),
+                     common.with_ci(np.asarray(r["evals"]["greedy"][0])),
+                     f"{preset['network']}, {preset['num_envs']} envs x {preset['num_steps']} "
+                     f"steps, end epsilon {preset['end_e'][0]:g}", f"{r['process_s']:.0f}",
+                     f"{r['sps']:,.0f}"])
+        print(f"  minatar pqn {game}: {r['process_s']:.0f} s", flush=True)
+    return "\n\n".join([
+        "## PQN (pqn.py) beside ppo.py, at ppo's steps",
+        "Each game as `python algos/pqn.py --env-id <game> --seed 1000 --total-timesteps <ppo's "
+        "preset's>` (pqn's preset, purejaxql's MinAtar configuration, trains 10M steps), one "
+        "process, an empty compilation cache. Evaluation as above: 64 fresh episodes of each "
+        "seed's final policy, exploring (epsilon-greedy at the final epsilon, pqn's \"sampled\") "
+        "and greedy. No PQN return for gymnax's MinAtar games is stated in a table of the paper "
+        "or its code's README (the authors' results are normalised scores across games): no "
+        f"target. Load average at the end: {common.load_average()}.",
+        common.md_table(["game", "command", "seeds x steps",
+                         "final training return, mean [95% CI]",
+                         "evaluation, exploring: mean [95% CI]",
+                         "evaluation, greedy: mean [95% CI]", "preset", "whole process s",
+                         "steps/s (training)"], rows)])
+
+
 def small_tasks() -> str:
     """Acrobot-v1 and MountainCar-v0 as typed (their presets), against issue 20's targets."""
     rows = []
@@ -347,5 +386,9 @@ if __name__ == "__main__":
         parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
         parser.add_argument("--quick", action="store_true", help="Breakout on 3 updates per seed")
         parser.add_argument("--speed", action="store_true", help="the CNN's speed table alone")
+        parser.add_argument("--pqn", action="store_true", help="pqn.py's rows alone")
         opts = parser.parse_args()
-        print(common.machine_header() + "\n\n" + (cnn_speed() if opts.speed else run(opts.quick)))
+        if opts.speed or opts.pqn:
+            print(cnn_speed() if opts.speed else pqn_rows(opts.quick))
+        else:
+            print(common.machine_header() + "\n\n" + run(opts.quick))
