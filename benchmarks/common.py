@@ -34,6 +34,7 @@ COMMANDS = {
     "vpg": ("vpg", [], 475.0),
     "vpg_pendulum": ("vpg", ["--env-id", "Pendulum-v1"], -250.0),
     "q_learning": ("q_learning", [], 1.0),
+    "pqn": ("pqn", [], 475.0),  # its training return explores (epsilon 0.2): see its evaluation
 }
 CURVE_BINS = 100  # learning curves leave a worker as per-seed means over this many bins of updates
 

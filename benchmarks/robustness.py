@@ -36,7 +36,7 @@ CANDIDATES = {
     "vpg_pendulum": ["--learning-rate", "2.5e-3", "5e-3", "1e-2"],
 }
 # The learning-curve panels: environment -> the commands drawn in it
-PANELS = {"CartPole-v1": ("ppo", "vpg"), "Pendulum-v1": ("ppo_pendulum", "vpg_pendulum")}
+PANELS = {"CartPole-v1": ("ppo", "vpg", "pqn"), "Pendulum-v1": ("ppo_pendulum", "vpg_pendulum")}
 QUICK = {"ppo": ["--total-timesteps", "16384"]}  # --quick: these commands, tiny budgets
 
 
