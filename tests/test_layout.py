@@ -1,6 +1,7 @@
 """The algorithm first: each training file (ppo, vpg, q_learning, pqn) opens with its algorithm,
-then a fence line, then the runner, the same in every file byte for byte. The runner opens with its contract, the names it
-reads from above the fence; it reads no other, and nothing above the fence uses the runner."""
+then a fence line, then the runner, the same in every file byte for byte. The runner opens with
+its contract, the names it reads from above the fence; it reads no other, and nothing above the
+fence uses the runner."""
 import ast
 import contextlib
 import io
