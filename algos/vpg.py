@@ -335,17 +335,19 @@ def make_train(args):
             episode_length=jnp.zeros(args.num_envs, jnp.int32), key=k_run,
             updates_done=jnp.int32(0))
 
-    def act(runner: RunnerState, obs, key=None):
-        """Actions for raw observations [N, ...], normalisation frozen: sampled, or greedy."""
+    def act(runner: RunnerState, obs, memory, key=None):
+        """Actions for raw observations [N, ...], normalisation frozen: sampled, or greedy. A
+        feed-forward policy carries no memory from one step to the next: ()."""
         obs = normalize(as_inputs(obs), runner.obs_stats, args.normalize_obs)
         dist = network.apply(runner.params, obs, method=ActorCritic.policy)
-        return to_env(dist.mode() if key is None else dist.sample(seed=key))
+        return to_env(dist.mode() if key is None else dist.sample(seed=key)), memory
 
     def train(key, hp):
         return jax.lax.scan(lambda runner, _: update(hp, runner), init(key, hp), None,
                             num_updates)
 
     train.init, train.update, train.act, train.num_updates = init, update, act, num_updates
+    train.initial_memory = lambda n: ()
     return train
 
 
@@ -422,8 +424,10 @@ ExtraFlags, draw = dataclasses.make_dataclass("ExtraFlags", []), lambda folder, 
 #                     float32}: train.init(key, hp) -> state (a NamedTuple whose field `key`, the
 #                     run's PRNG key, --pbt does not copy), train.update(hp, state) -> (state,
 #                     metrics), train.num_updates and, for evaluation and GIFs, train.act(state,
-#                     obs, key=None) -> actions for raw observations, greedy or, with a key,
-#                     exploring. metrics {name: scalar}: env_steps (the run's), episode_return and
+#                     obs, memory, key=None) -> (actions, memory): actions for raw observations,
+#                     greedy or, with a key, exploring; memory what the policy carries from one
+#                     step of an episode to the next ([N, ...] leaves; () without), at its start
+#                     train.initial_memory(N). metrics {name: scalar}: env_steps, episode_return and
 #                     episode_length (mean over the episodes ended in the update, NaN if none);
 #                     tags: episode_* -> charts/episodic_*, loss/x -> losses/x.
 #   COMPILER_OPTIONS  XLA's options for the compiled programs.
@@ -1005,23 +1009,29 @@ def read_saved(args: Args, argv) -> tuple:
 
 def play(args: Args, runner, key, episodes: int):
     """`episodes` fresh episodes of a run's policy by its greedy actions, as many exploring, to
-    the time limit: per step [T, 2 x episodes] the env states before it, rewards, ended."""
+    the time limit (one episode a slot: a policy's memory runs from its start to its end): per
+    step [T, 2 x episodes] the env states before it, rewards, ended."""
     import gymnax
     env, env_params = gymnax.make(args.env_id)
-    act, vstep = make_train(args).act, jax.vmap(env.step, in_axes=(0, 0, 0, None))
+    train, vstep = make_train(args), jax.vmap(env.step, in_axes=(0, 0, 0, None))
 
     def step(carry, key):
-        obs, env_state, ended = carry
+        obs, env_state, (greedy_memory, sampled_memory), ended = carry
         k_act, k_env = jax.random.split(key)
-        action = jnp.concatenate([act(runner, obs[:episodes]), act(runner, obs[episodes:], k_act)])
+        greedy, greedy_memory = train.act(runner, obs[:episodes], greedy_memory)
+        sampled, sampled_memory = train.act(runner, obs[episodes:], sampled_memory, k_act)
         obs, next_state, reward, terminated, truncated, _ = vstep(
-            jax.random.split(k_env, 2 * episodes), env_state, action, env_params)
-        return (obs, next_state, ended | terminated | truncated), (env_state, reward, ended)
+            jax.random.split(k_env, 2 * episodes), env_state, jnp.concatenate([greedy, sampled]),
+            env_params)
+        return ((obs, next_state, (greedy_memory, sampled_memory), ended | terminated | truncated),
+                (env_state, reward, ended))
 
     keys = jax.random.split(key, env_params.max_steps_in_episode + 1)
     obs, env_state = jax.vmap(env.reset, in_axes=(0, None))(
         jax.random.split(keys[0], 2 * episodes), env_params)
-    return jax.lax.scan(step, (obs, env_state, jnp.zeros(2 * episodes, bool)), keys[1:])[1]
+    memories = (train.initial_memory(episodes), train.initial_memory(episodes))
+    return jax.lax.scan(step, (obs, env_state, memories, jnp.zeros(2 * episodes, bool)),
+                        keys[1:])[1]
 
 
 def evaluator(args: Args):
