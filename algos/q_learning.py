@@ -75,6 +75,8 @@ UNIT = ("in [0, 1]", lambda x: (0 <= x) & (x <= 1))
 POSITIVE_UNIT = ("in (0, 1]", lambda x: (0 < x) & (x <= 1))
 HPARAMS = dict(learning_rate=POSITIVE_UNIT, gamma=("in [0, 1)", lambda x: (0 <= x) & (x < 1)),
                start_e=UNIT, end_e=UNIT)
+# Those whose scale is 1 - x (gamma's horizon is 1 / (1 - gamma)): --pbt moves 1 - x, not x.
+NEAR_ONE = ("gamma",)
 # The int flags and their least values; the flags that set the memory a run needs.
 COUNTS = dict(max_episode_steps=1, num_agents=1, total_timesteps=1, num_steps=1)
 SIZE_FLAGS = ("num_agents",)
@@ -252,15 +254,27 @@ def block_size(num_agents: int, bytes_per_agent: int) -> int:
     return size if 4 * size >= target else num_agents
 
 
-def make_train(args):
+def make_train(args, axis=None):
     """train(key, hp) -> (final RunnerState, metrics [num_updates]): one run, HPARAMS hp traced;
     train.init(key, hp) -> RunnerState, train.update(hp, runner) -> (runner, metrics). One agent
-    runs ~9x slower unless this module was imported before JAX's first operation (XLA_FLAGS)."""
+    runs ~9x slower unless this module was imported before JAX's first operation (XLA_FLAGS).
+    axis: the mesh axis that the run's agents are split over when it spans devices: each device
+    steps its share, independently; only the metrics are the whole run's."""
     env = make_env(args)
     model = env.model
-    N = args.num_agents
+    N = args.num_agents  # the run's (all devices')
     num_updates = args.total_timesteps // args.num_steps
-    num_blocks = N // block_size(N, model.R.size * 5)  # [S, A] float32 q and bool visited
+
+    def over_devices(collective):  # over the run's devices (axis); nothing to do on one
+        return (lambda x: x) if axis is None else partial(collective, axis_name=axis)
+
+    psum, pmean = over_devices(jax.lax.psum), over_devices(jax.lax.pmean)
+
+    def share(x):  # this device's part of a run-wide array (on one device: all of it)
+        if axis is None:
+            return x
+        size = len(x) // jax.lax.axis_size(axis)
+        return jax.lax.dynamic_slice_in_dim(x, jax.lax.axis_index(axis) * size, size)
     scored = jnp.asarray(model_reachable(model) & ~model.terminal)  # where greedy_optimal looks
     policy = jax.vmap(lambda q, s, eps, u: epsilon_greedy(q[s], eps, u), in_axes=(0, 0, None, 0))
     learn = jax.vmap(q_update, in_axes=(0, 0, 0, 0, 0, 0, None, None))
@@ -295,36 +309,39 @@ def make_train(args):
         return t0, (agents, totals)
 
     def update(hp, runner: RunnerState):
-        key, *block_keys = jax.random.split(runner.key, num_blocks + 1)
+        mine = len(runner.agents.obs)  # this device's agents; [S, A] float32 q and bool visited:
+        num_blocks = mine // block_size(mine, model.R.size * 5)
+        key, *block_keys = jax.random.split(runner.key, num_blocks * psum(1) + 1)
         blocks = jax.tree.map(lambda x: x.reshape(num_blocks, -1, *x.shape[1:]), runner.agents)
         first_step = runner.updates_done * args.num_steps
         _, (blocks, totals) = jax.lax.scan(partial(run_block, hp), first_step,
-                                           (blocks, jnp.stack(block_keys)))
-        agents = jax.tree.map(lambda x: x.reshape(N, *x.shape[2:]), blocks)
+                                           (blocks, share(jnp.stack(block_keys))))
+        agents = jax.tree.map(lambda x: x.reshape(-1, *x.shape[2:]), blocks)
         runner = runner._replace(agents=agents, key=key, updates_done=runner.updates_done + 1)
         optimal = runner.q_star >= runner.q_star.max(-1, keepdims=True) - OPTIMAL_TOL  # [S, A]
-        count, return_sum, length_sum, td_sum = (x.sum() for x in totals)
+        count, return_sum, length_sum, td_sum = psum(tuple(x.sum() for x in totals))
         visited_error = jnp.where(agents.visited, jnp.abs(agents.q - runner.q_star), 0.0)
         greedy = agents.q == agents.q.max(-1, keepdims=True)  # [N, S, A]
         correct = ~(greedy & ~optimal).any(-1) & scored  # [N, S]: every greedy action is optimal
-        steps_done = runner.updates_done * args.num_steps  # per agent
-        annealed = 1 - steps_done / args.total_timesteps if args.anneal_lr else 1  # as env_step's
+        # The rate in force at the update's first step (as env_step's), before this update
+        annealed = 1 - first_step / args.total_timesteps if args.anneal_lr else 1
         metrics = {  # env_steps in float32: all agents' steps overflow int32 past 2^31
             "env_steps": runner.updates_done.astype(jnp.float32) * (args.num_steps * N),
             "episode_return": jnp.where(count > 0, return_sum / count, jnp.nan),
             "episode_length": jnp.where(count > 0, length_sum / count, jnp.nan),
             "stats/td_error": td_sum / (args.num_steps * N),
-            "stats/q_error": visited_error.max(axis=(1, 2)).mean(),
-            "stats/greedy_optimal": (correct.sum(-1) / scored.sum()).mean(),
+            "stats/q_error": pmean(visited_error.max(axis=(1, 2)).mean()),
+            "stats/greedy_optimal": pmean((correct.sum(-1) / scored.sum()).mean()),
             "charts/learning_rate": hp["learning_rate"] * annealed,
         }
         return runner, metrics
 
     def init(key, hp) -> RunnerState:
         k_env, k_run = jax.random.split(key)
-        obs, env_state = env.reset(k_env, N)
-        agents = Agents(jnp.zeros((N, *model.R.shape)), jnp.zeros((N, *model.R.shape), bool),
-                        env_state, obs, jnp.zeros(N), jnp.zeros(N, jnp.int32))
+        obs, env_state = jax.tree.map(share, env.reset(k_env, N))
+        n = len(obs)  # this device's
+        agents = Agents(jnp.zeros((n, *model.R.shape)), jnp.zeros((n, *model.R.shape), bool),
+                        env_state, obs, jnp.zeros(n), jnp.zeros(n, jnp.int32))
         q_star = value_iteration(model.P, model.R, model.terminal, hp["gamma"])
         return RunnerState(agents, k_run, q_star, jnp.int32(0))
 
@@ -370,6 +387,7 @@ def resolve(args):
 COMPILER_OPTIONS = {"xla_cpu_experimental_ynn_fusion_type": ""}  # no YNNPACK: XLA's is 1.2x faster
 SCORE, SHOWN = "stats/greedy_optimal", {"stats/greedy_optimal": "{:.1%}", "stats/q_error": "{:.2e}"}
 saved_model = lambda state: {"q": state.agents.q, "visited": state.agents.visited}  # [S, A]
+SPLIT = "num_agents"  # what a run over several devices splits
 
 
 @dataclasses.dataclass
@@ -414,19 +432,23 @@ def draw(folder, args, state: RunnerState) -> list:
 #                     --help; resolve fills a field left None.
 #   HPARAMS           {flag: (rule text, rule)}: the float flags the program traces, typed
 #                     tuple[float, ...], several values a sweep; rule(x) -> bool, on arrays too.
+#   NEAR_ONE          the HPARAMS flags whose scale is 1 - x (discounts): --pbt perturbs 1 - x.
 #   COUNTS            {flag: least value} of every int flag of Hyperparams (a test checks).
+#   SPLIT             the int flag whose count a run spanning devices shares out (its envs).
 #   SIZE_FLAGS        the flags that set a run's memory, named when it does not fit.
 #   resolve(args)     -> args, every None filled (presets, rules); ValueError names a bad flag.
-#   make_train(args)  -> train(key, hp) -> (state, metrics), one run, hp {HPARAMS flag: traced
-#                     float32}: train.init(key, hp) -> state (a NamedTuple whose field `key`, the
-#                     run's PRNG key, --pbt does not copy), train.update(hp, state) -> (state,
-#                     metrics), train.num_updates and, for evaluation and GIFs, train.act(state,
-#                     obs, memory, key=None) -> (actions, memory): actions for raw observations,
-#                     greedy or, with a key, exploring; memory what the policy carries from one
-#                     step of an episode to the next ([N, ...] leaves; () without), at its start
-#                     train.initial_memory(N). metrics {name: scalar}: env_steps, episode_return and
-#                     episode_length (mean over the episodes ended in the update, NaN if none);
-#                     tags: episode_* -> charts/episodic_*, loss/x -> losses/x.
+#   make_train(args, axis=None) -> train(key, hp) -> (state, metrics): one run, hp {HPARAMS flag:
+#                     traced float32}; with axis (a mesh axis over the devices of a run), each
+#                     device's program: its share of SPLIT, means over the whole run's.
+#                     train.init(key, hp) -> state, a NamedTuple (its field `key`: the run's PRNG
+#                     key, which --pbt renews); train.update(hp, state) -> (state, metrics);
+#                     train.num_updates; for evaluation and GIFs, train.act(state, obs, memory,
+#                     key=None) -> (actions, memory) for raw observations, greedy or with a key
+#                     exploring, memory what the policy carries from one step of an episode to
+#                     the next ([N, ...] leaves; () without), at its start train.initial_memory(N).
+#                     metrics {name: scalar}: env_steps, episode_return and episode_length (mean
+#                     over the episodes ended in the update, NaN if none); tags: episode_* ->
+#                     charts/episodic_*, loss/x -> losses/x.
 #   COMPILER_OPTIONS  XLA's options for the compiled programs.
 #   SCORE, SHOWN      the metric ranking a sweep's configurations; {metric: format} to show.
 #   saved_model(state) -> {name: leaves}: all act reads; --save-model writes, --load-model reads it.
@@ -454,6 +476,8 @@ import jax.extend
 import tyro
 from jax.experimental import multihost_utils
 from jax.experimental.compilation_cache import compilation_cache
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
 from tensorboard.compat.proto.event_pb2 import Event, SessionLog
 from tensorboard.compat.proto.summary_pb2 import Summary
 from tensorboard.plugins.text.summary_v2 import text_pb
@@ -468,7 +492,7 @@ class Args(Hyperparams, ExtraFlags):
     seed: int = 1
     """base seed: seed k of the sweep uses the k-th split of PRNGKey(seed)"""
     num_seeds: int = 4
-    """independent runs side by side: vmap per device, pmap over the devices (on CPU, cores)"""
+    """independent runs side by side: vmap per device, over all the devices (on CPU, cores)"""
     track: bool = True
     """write tensorboard event files under --log-dir"""
     log_dir: str = "runs"
@@ -498,12 +522,16 @@ class Args(Hyperparams, ExtraFlags):
     """--distributed: how many processes take part; unset: detected"""
     process_id: Optional[int] = None
     """--distributed: this process's index, 0 to num_processes - 1; unset: detected"""
+    devices_per_run: Optional[int] = None
+    """devices one run spans (its envs split, its gradients averaged); unset: runs fill the
+    devices, and each spans several when there are fewer runs than devices"""
     pbt: bool = False
-    """population-based training: the sweep's runs copy the best and perturb the swept floats"""
+    """population-based training: the sweep's runs copy better ones and perturb the swept floats
+    (x0.8 or x1.25; a discount's 1 - x; a 0 stays 0)"""
     pbt_every: int = 1
     """--pbt: segments between two steps of the population"""
     pbt_fraction: float = 0.25
-    """--pbt: the bottom fraction copies a member of the top one, in (0, 0.5]"""
+    """--pbt: the bottom fraction copies a better member of the top one, in (0, 0.5]"""
 
 
 class ArgError(ValueError):
@@ -519,7 +547,7 @@ def grid(args: Args) -> list:
 
 
 RUNNER_COUNTS = dict(num_seeds=1, eval_episodes=0, num_segments=1, num_processes=1, process_id=0,
-                     pbt_every=1)
+                     pbt_every=1, devices_per_run=1)
 
 
 def validate(args: Args) -> Args:
@@ -619,7 +647,7 @@ def meet(args: Args):
 
 
 def start_processes(args: Args):
-    """--distributed (implied by its three flags): join the others, check the runs split evenly."""
+    """--distributed (implied by its three flags): join the others."""
     if not (args.distributed or args.coordinator_address or args.num_processes
             or args.process_id is not None):
         return
@@ -632,27 +660,83 @@ def start_processes(args: Args):
                                    initialization_timeout=JOIN_TIMEOUT_S)
     except ValueError as e:  # JAX's own checks: no address or count given or found, id range
         raise ArgError(f"--distributed: {e}") from None
-    runs, processes = len(grid(args)) * args.num_seeds, jax.process_count()
-    if runs % processes:
-        raise ArgError(f"{runs} runs (configurations x seeds) do not split over {processes} "
-                       "processes")
 
 
 # ----------------------- the sweep: segments of one program over the devices, PBT between them
-def segments(args: Args, num_devices: Optional[int] = None, start=None):
-    """Train grid(args) x seeds (seed k: the k-th split of PRNGKey(args.seed)) in num_segments
-    calls of one program, pmap over the most devices (<= num_devices) dividing this process's runs
-    x vmap. Yields after each (state, metrics [runs, updates so far], timing): every process's."""
-    configs, seeds, runs = grid(args), args.num_seeds, len(grid(args)) * args.num_seeds
-    share = runs // jax.process_count()  # this process's runs (all of them without --distributed)
-    mine = slice(jax.process_index() * share, (jax.process_index() + 1) * share)
-    limit = num_devices or jax.local_device_count()
-    devices = jax.local_devices()[: max(d for d in range(1, limit + 1) if share % d == 0)]
-    keys = jnp.tile(jax.random.split(jax.random.PRNGKey(args.seed), seeds), (len(configs), 1))
-    hp_runs = {k: np.repeat(np.float32([c[k] for c in configs]), seeds) for k in HPARAMS}
-    layout = lambda x: x[mine].reshape(len(devices), share // len(devices), *x.shape[1:])
-    keys, hp = layout(keys), jax.tree.map(layout, hp_runs)
-    train = make_train(args)
+# The devices form a mesh: "runs" splits the sweep's runs into groups of devices, "batch" a run's
+# SPLIT (its envs) over the devices of its group; the gradients and statistics of such a run are
+# averaged over them (make_train's axis). A state leaf is [runs, ...] as one device holds it.
+def layout(args: Args, limit: Optional[int] = None) -> tuple:
+    """(groups, span): the runs over `groups` groups of `span` devices each, every process lending
+    as many (<= limit): the most devices, then the most groups (the fewest collectives). A span
+    must split a run's SPLIT into valid runs; --devices-per-run sets it. ArgError if none fits."""
+    runs, processes = len(grid(args)) * args.num_seeds, jax.process_count()
+    local = min(limit or jax.local_device_count(), jax.local_device_count())
+    reasons = {span: why_not_split(args, span) for span in range(1, processes * local + 1)}
+    fits = []
+    for groups in (g for g in range(1, runs + 1) if runs % g == 0):
+        for span in range(1, processes * local // groups + 1):
+            lent, apart = divmod(groups * span, processes)  # the devices each process lends
+            whole = lent and (lent % span == 0 or span % lent == 0)  # a run on whole processes
+            if not (apart or reasons[span]) and whole and args.devices_per_run in (None, span):
+                fits.append((groups * span, groups, span))
+    if fits:
+        return max(fits)[1:]
+    if reasons.get(args.devices_per_run):
+        raise ArgError(f"--devices-per-run {args.devices_per_run}: {reasons[args.devices_per_run]}")
+    raise ArgError(f"{runs} runs (configurations x seeds) of {flag(SPLIT)} {getattr(args, SPLIT)} "
+                   f"do not split over {processes} processes x {local} devices"
+                   + (f" with --devices-per-run {args.devices_per_run}" if args.devices_per_run
+                      else ""))
+
+
+def why_not_split(args: Args, span: int) -> Optional[str]:
+    """Why a run's SPLIT cannot be shared out over `span` devices (each share a valid run)."""
+    count = getattr(args, SPLIT)
+    if count % span:
+        return f"{flag(SPLIT)} {count} does not split into {span} equal shares"
+    try:
+        resolve(dataclasses.replace(args, **{SPLIT: count // span}))
+    except ValueError as e:
+        return f"a device's share of a run: {e}"
+
+
+def state_specs(args: Args, span: int, key, hp):
+    """A PartitionSpec per state leaf: [runs, ...] over "runs" and, where a device of a run's span
+    holds only its share (the envs), that axis over "batch" (found by tracing init on it)."""
+    whole = jax.eval_shape(make_train(args).init, key, hp)
+    if span == 1:
+        return jax.tree.map(lambda _: P("runs"), whole)
+    part = jax.eval_shape(jax.vmap(make_train(args, "batch").init, in_axes=None, axis_size=span,
+                                   axis_name="batch"), key, hp)  # [span, ...] leaves
+
+    def spec(whole, part):
+        split = [i for i, (a, b) in enumerate(zip(whole.shape, part.shape[1:])) if a != b]
+        return P("runs", *[None] * split[0], "batch") if split else P("runs")
+
+    return jax.tree.map(spec, whole, part)
+
+
+def on_mesh(mesh, tree, specs):
+    """Host arrays (the same in every process) as the mesh's global arrays, laid out by specs (a
+    PartitionSpec per leaf, or one for a whole subtree)."""
+    def put(spec, subtree):
+        return jax.tree.map(lambda x: jax.make_array_from_callback(
+            np.shape(x), NamedSharding(mesh, spec), lambda index: np.asarray(x)[index]), subtree)
+
+    return jax.tree.map(put, specs, tree)
+
+
+def to_host(mesh, tree):
+    """numpy leaves of every process's runs (several processes: one program gathers them all)."""
+    if jax.process_count() > 1:
+        tree = jax.jit(lambda x: x, out_shardings=NamedSharding(mesh, P()))(tree)
+    return jax.device_get(tree)
+
+
+def compile_sweep(args: Args, mesh, specs, train, keys, hp, resuming: bool):
+    """(run_init, run_segment: (hp, state, valid) -> (state, metrics [runs, length]), length):
+    one program over the mesh each, vmap over a device's runs, compiled before anything runs."""
     length = -(-train.num_updates // args.num_segments)  # the last segment may run fewer
 
     def one_segment(hp, state, valid):
@@ -672,77 +756,89 @@ def segments(args: Args, num_devices: Optional[int] = None, start=None):
 
         return jax.lax.scan(step, state, jnp.arange(length))
 
-    def gather(tree):
-        """numpy [runs, ...] leaves of all the processes' runs: with several, one transfer of
-        every leaf's bytes side by side (a transfer per leaf would compile a program each)."""
-        leaves, treedef = jax.tree.flatten(jax.device_get(tree))
-        rows = [np.ascontiguousarray(x).reshape(share, -1).view(np.uint8) for x in leaves]
-        if jax.process_count() > 1:
-            rows = np.split(multihost_utils.process_allgather(np.concatenate(rows, 1), tiled=True),
-                            np.cumsum([r.shape[1] for r in rows])[:-1], axis=1)
-        return jax.tree.unflatten(treedef, [r.view(x.dtype).reshape(runs, *x.shape[2:])
-                                            for r, x in zip(rows, leaves)])
+    # (Not checked by JAX: that what is the same on every device of a run, as its params, stays so.
+    # make_train does; JAX's check would reject, among others, a scan from a constant carry.)
+    over_mesh = partial(jax.shard_map, mesh=mesh, check_vma=False)
+    run_init = jax.jit(over_mesh(jax.vmap(train.init), in_specs=P("runs"), out_specs=specs))
+    run_segment = jax.jit(over_mesh(jax.vmap(one_segment, in_axes=(0, 0, None)),
+                                    in_specs=(P("runs"), specs, P()),
+                                    out_specs=(specs, P("runs"))), donate_argnums=1)
+    shaped = lambda x, spec: jax.ShapeDtypeStruct(x.shape, x.dtype,
+                                                  sharding=NamedSharding(mesh, spec))
+    keys, hp = shaped(keys, P("runs")), jax.tree.map(lambda x: shaped(x, P("runs")), hp)
+    state = jax.tree.map(shaped, jax.eval_shape(run_init, keys, hp), specs)
+    run_segment = run_segment.lower(hp, state, shaped(np.int32(0), P())).compile(COMPILER_OPTIONS)
+    run_init = None if resuming else run_init.lower(keys, hp).compile(COMPILER_OPTIONS)
+    return run_init, run_segment, length
 
+
+def segments(args: Args, num_devices: Optional[int] = None, start=None):
+    """Train grid(args) x seeds (seed k: the k-th split of PRNGKey(args.seed)) in num_segments
+    calls of one program over the devices (layout), PBT between two. Yields after each (state,
+    metrics [runs, updates so far], timing), all the processes' runs."""
+    configs, seeds, runs = grid(args), args.num_seeds, len(grid(args)) * args.num_seeds
+    groups, span = layout(args, num_devices)
+    lent = groups * span // jax.process_count()  # each process's first `lent` devices
+    lent_by = lambda p: sorted((d for d in jax.devices() if d.process_index == p),
+                               key=lambda d: d.id)[:lent]
+    devices = [d for p in range(jax.process_count()) for d in lent_by(p)]  # a run's: consecutive
+    mesh = Mesh(np.array(devices).reshape(groups, span), ("runs", "batch"))
+    keys = jnp.tile(jax.random.split(jax.random.PRNGKey(args.seed), seeds), (len(configs), 1))
+    hp_runs = {k: np.repeat(np.float32([c[k] for c in configs]), seeds) for k in HPARAMS}
+    train = make_train(args, "batch" if span > 1 else None)
+    specs = state_specs(args, span, keys[0], {k: v[0] for k, v in hp_runs.items()})
+    t0, seen = time.perf_counter(), len(EVENTS)  # a cache hit from here on is training's
+    run_init, run_segment, length = compile_sweep(args, mesh, specs, train, keys, hp_runs,
+                                                  resuming=start is not None)
+    check_memory(args, [p for p in (run_init, run_segment) if p], lent)
+    compile_s, cached = time.perf_counter() - t0, any(e.endswith("hits") for e in EVENTS[seen:])
     explore = jax.jit(partial(exploit_and_explore, args))
 
     def population(state, hp, metrics, first: int):
         """(state, hp, copied_from) for the segment from update `first`, after PBT if it is due."""
-        if (first // length) % args.pbt_every or first >= train.num_updates:
+        if not args.pbt or (first // length) % args.pbt_every or first >= train.num_updates:
             return state, hp, None
-        with np.errstate(all="ignore"):  # fitness: SCORE's mean over the segment just ended
-            fitness = np.nanmean(metrics[SCORE][:, first - length:first], axis=1)
+        since = max(0, first - length * args.pbt_every)  # the updates since the last step
+        with np.errstate(all="ignore"):  # SCORE's mean; NaN without evidence: sits the step out
+            fitness = np.nanmean(metrics[SCORE][:, since:first], axis=1)
         key = jax.random.fold_in(jax.random.PRNGKey(args.seed), first)  # the same on --resume
-        return jax.device_get(explore(state, hp, np.nan_to_num(fitness, nan=-np.inf), key))
+        return jax.device_get(explore(state, hp, fitness, key))
 
-    init_on_devices = jax.pmap(jax.vmap(train.init), devices=devices)
-    segment_on_devices = jax.pmap(jax.vmap(one_segment, in_axes=(0, 0, None)), devices=devices,
-                                  donate_argnums=1)
-    t0, seen = time.perf_counter(), len(EVENTS)  # a cache hit from here on is training's
-    shapes = jax.eval_shape(init_on_devices, keys, hp)  # the state's: [devices, per device, ...]
-    per_device = lambda valid: np.full(len(devices), valid, np.int32)  # (no broadcast: processes)
-    if jax.process_count() > 1:  # (pmap lowers abstract arguments of one process only)
-        shapes = jax.tree.map(lambda s: np.zeros(s.shape, s.dtype), shapes)
-    run_segment = segment_on_devices.lower(hp, shapes, per_device(length)).compile(
-        COMPILER_OPTIONS)
-    run_init = init_on_devices.lower(keys, hp).compile(COMPILER_OPTIONS) if start is None else None
-    check_memory(args, [p for p in (run_init, run_segment) if p], len(devices))
-    compile_s, cached = time.perf_counter() - t0, any(e.endswith("hits") for e in EVENTS[seen:])
     if start is None:
-        state, metrics = run_init(keys, hp), None
-    else:  # the checkpoint's leaves are [runs, ...]: the structure comes from init's
+        state, metrics = run_init(*on_mesh(mesh, (keys, hp_runs), (P("runs"), P("runs")))), None
+    else:  # a checkpoint's leaves are [runs, ...] as one device holds them, whatever the layout
         saved_state, metrics = start
         try:
-            state = flax.serialization.from_state_dict(shapes, saved_state)
+            state = flax.serialization.from_state_dict(
+                jax.eval_shape(jax.vmap(make_train(args).init), keys, hp_runs), saved_state)
         except (ValueError, KeyError) as e:
             raise ArgError(f"--resume: the checkpoint's state does not fit this file's ({e})")
         if args.pbt:  # those of the last segment; the population steps on as it would have
             hp_runs = {k: metrics[f"hp/{k}"][:, -1] for k in HPARAMS}
             state, hp_runs, _ = population(state, hp_runs, metrics, metrics["env_steps"].shape[1])
-        state = jax.tree.map(layout, state)
+        state = on_mesh(mesh, state, specs)
     done = 0 if metrics is None else metrics["env_steps"].shape[1]
     steps_before = 0 if done == 0 else metrics["env_steps"][0, done - 1]
-    valid = lambda first: min(length, train.num_updates - first)  # updates in that segment
+    valid = lambda first: on_mesh(mesh, np.int32(min(length, train.num_updates - first)), P())
     t_start = time.perf_counter()
-    out = run_segment(jax.tree.map(layout, hp_runs), state, per_device(valid(done)))
+    out = run_segment(on_mesh(mesh, hp_runs, P("runs")), state, valid(done))
     for first in range(done, train.num_updates, length):
-        state, new = gather(out)  # (this waits for the segment)
-        new = jax.tree.map(lambda x: x[:, :valid(first)], new)
+        state, new = to_host(mesh, out)  # (this waits for the segment)
+        new = jax.tree.map(lambda x: x[:, :min(length, train.num_updates - first)], new)
         metrics = new if metrics is None else jax.tree.map(
             lambda a, b: np.concatenate([a, b], axis=1), metrics, new)
         following = out[0]  # the next segment runs while the host writes this one
-        if args.pbt:  # (a population's step waits for this one's end); the copies' sources
-            following, hp_runs, copied = population(state, hp_runs, metrics, first + length)
-            following = jax.tree.map(layout, following)
-            if copied is not None:  # at the segment's last update
-                column = np.where(copied < 0, np.nan, copied)[:, None]
-                metrics["pbt/copied_from"] = np.hstack([metrics["pbt/copied_from"][:, :-1], column])
+        stepped, hp_runs, copied = population(state, hp_runs, metrics, first + length)
+        if copied is not None:  # (the next segment waits for it); the sources at the last update
+            following = on_mesh(mesh, stepped, specs)
+            column = np.where(copied < 0, np.nan, copied)[:, None]
+            metrics["pbt/copied_from"] = np.hstack([metrics["pbt/copied_from"][:, :-1], column])
         if first + length < train.num_updates:
-            out = run_segment(jax.tree.map(layout, hp_runs), following,
-                              per_device(valid(first + length)))
+            out = run_segment(on_mesh(mesh, hp_runs, P("runs")), following, valid(first + length))
         run_s = time.perf_counter() - t_start
         yield state, metrics, {
             "compile_s": compile_s, "run_s": run_s, "cached": cached, "first": first,
-            "num_updates": train.num_updates, "devices": len(devices) * jax.process_count(),
+            "num_updates": train.num_updates, "devices": groups * span, "span": span,
             "sps": runs * float(metrics["env_steps"][0, -1] - steps_before) / run_s}
 
 
@@ -768,20 +864,32 @@ def check_memory(args: Args, programs, devices: int):
 
 def exploit_and_explore(args: Args, state, hp, fitness, key):
     """PBT's step (Jaderberg et al. 2017) over the population ([runs, ...] leaves, hp {flag:
-    [runs]}, fitness [runs]): each of the bottom --pbt-fraction copies the state (but its key) and
-    hyperparameters of a member drawn from the top fraction, then multiplies each swept float by
-    0.8 or 1.25, where its rule still holds. (state, hp, copied_from [runs]: -1 for the others)."""
-    runs = len(fitness)
-    n, order = max(1, int(args.pbt_fraction * runs)), jnp.argsort(fitness)  # worst first
-    k_pick, *k_flags = jax.random.split(key, 1 + len(HPARAMS))
-    source = jnp.arange(runs).at[order[:n]].set(jax.random.choice(k_pick, order[-n:], (n,)))
-    copied = jnp.where(source == jnp.arange(runs), -1, source)
+    [runs]}, fitness [runs]; NaN: no evidence, the run sits the step out). The others are ranked,
+    ties at random; each of their bottom --pbt-fraction copies the state and hyperparameters of
+    a member drawn from their top fraction if it is strictly better, then moves each swept float
+    x (1 - x for NEAR_ONE) by x0.8 or x1.25 where its rule still holds. Every run goes on with a
+    key of its own (the step's, folded with its index). -> (state, hp, copied_from: -1 if not)."""
+    runs, index = len(fitness), jnp.arange(len(fitness))
+    k_ties, k_pick, k_runs, *k_flags = jax.random.split(key, 3 + len(HPARAMS))
+    ranked = jnp.isfinite(fitness)
+    count = ranked.sum()
+    fraction = jnp.floor(args.pbt_fraction * count).astype(jnp.int32)  # (at least 1 of 2 or more)
+    n = jnp.where(count > 1, jnp.maximum(1, fraction), 0)
+    ties = jax.random.uniform(k_ties, (runs,))
+    order = jnp.lexsort((ties, jnp.where(ranked, fitness, 0.0), ~ranked))  # worst first, NaN last
+    rank = jnp.argsort(order)
+    drawn = order[count - n + jax.random.randint(k_pick, (runs,), 0, jnp.maximum(n, 1))]
+    copies = (rank < n) & (fitness[drawn] > fitness)
+    source = jnp.where(copies, drawn, index)
     hp = {k: v[source] for k, v in hp.items()}
     for (k, (_, holds)), k_flag in zip(HPARAMS.items(), k_flags):
         if len(getattr(args, k)) > 1:  # a swept flag
-            moved = hp[k] * jnp.where(jax.random.bernoulli(k_flag, 0.5, (runs,)), 0.8, 1.25)
-            hp[k] = jnp.where((copied >= 0) & holds(moved), moved, hp[k])
-    return jax.tree.map(lambda x: x[source], state)._replace(key=state.key), hp, copied
+            factor = jnp.where(jax.random.bernoulli(k_flag, 0.5, (runs,)), 0.8, 1.25)
+            moved = 1 - (1 - hp[k]) * factor if k in NEAR_ONE else hp[k] * factor
+            hp[k] = jnp.where(copies & holds(moved), moved, hp[k])
+    keys = jax.vmap(partial(jax.random.fold_in, k_runs))(index)
+    state = jax.tree.map(lambda x: x[source], state)._replace(key=keys)
+    return state, hp, jnp.where(copies, source, -1)
 
 
 def run(args: Args, num_devices: Optional[int] = None):
@@ -826,23 +934,47 @@ def bootstrap_ci(x, stat=np.mean, resamples: int = 5000, level: float = 0.95, se
     return tuple(float(q) for q in np.quantile(stats, [(1 - level) / 2, (1 + level) / 2]))
 
 
+def final_scores(metrics, evals={}) -> dict:
+    """Per run: the final training return, each SHOWN metric at the last update, evals as given."""
+    return {"episode_return": final_returns(metrics),
+            **{k: np.asarray(metrics[k])[:, -1] for k in SHOWN}, **evals}
+
+
+def lineages(args: Args, metrics, evals={}):
+    """--pbt: (metrics [runs, updates] along each final run's lineage, the run each descends from,
+    its final SCORE, the runs best first). A copy (pbt/copied_from, at a segment's last update)
+    hands its source's state on: up to it, the lineage is the source's."""
+    copied_from = np.asarray(metrics["pbt/copied_from"])
+    slot, path = np.arange(len(copied_from)), np.zeros(copied_from.shape, int)
+    for i in reversed(range(copied_from.shape[1])):
+        source = copied_from[slot, i]
+        slot = np.where(np.isfinite(source), source, slot).astype(int)
+        path[:, i] = slot
+    along = {k: np.take_along_axis(np.asarray(v), path, 0) for k, v in metrics.items()}
+    score = final_scores(along, evals)[SCORE]
+    return along, path[:, 0], score, np.argsort(-score, kind="stable")
+
+
 def summary(args: Args, metrics, timing, evals={}) -> str:
-    """metrics [runs, updates], evals {tag: [runs]}: a configuration's seeds, or a sweep's rows."""
+    """metrics [runs, updates], evals {tag: [runs]}: a configuration's seeds, or a sweep's rows;
+    with --pbt, the final population by lineage."""
     configs, shown = grid(args), {**dict.fromkeys(evals, "{:.4g}"), **SHOWN}
     by_config = lambda x: np.asarray(x).reshape(len(configs), args.num_seeds)
-    finals = {"episode_return": by_config(final_returns(metrics)),
-              **{k: by_config(evals[k] if k in evals else metrics[k][:, -1]) for k in shown}}
+    finals = {k: by_config(v) for k, v in final_scores(metrics, evals).items()}
     sweep = f"{len(configs)} configurations x " if len(configs) > 1 else ""
     flags = {f.name: getattr(args, f.name) for f in dataclasses.fields(Hyperparams)}
     flags = {k: v for k, v in flags.items() if k != "env_id" and not (k in HPARAMS and len(v) > 1)}
     lines = [f"{args.exp_name} on {args.env_id}: {sweep}{args.num_seeds} seeds x "
              f"{metrics['env_steps'][0, -1]:,.0f} steps",  # then the flags as resolved, but swept
              "flags: " + " ".join(f"{k}={v[0] if k in HPARAMS else v}" for k, v in flags.items())]
-    timing_line = (f"{timing['devices']} device(s)  compile {timing['compile_s']:.1f} s"
+    per_run = f" ({timing['span']} a run)" if timing["span"] > 1 else ""
+    timing_line = (f"{timing['devices']} device(s){per_run}  compile {timing['compile_s']:.1f} s"
                    f"{' (cache)' if timing['cached'] else ''}  run {timing['run_s']:.1f} s  |  "
                    f"{timing['sps']:,.0f} steps/s")
     returns, varied = finals["episode_return"], [k for k in HPARAMS if len(getattr(args, k)) > 1]
-    if len(configs) == 1:
+    if args.pbt:
+        lines += population_lines(args, metrics, evals, varied)
+    elif len(configs) == 1:
         lines.append("final return per seed (last 5% of updates): "
                      + " ".join(f"{r:.4g}" for r in returns[0]))
         for k, form in shown.items():
@@ -859,18 +991,26 @@ def summary(args: Args, metrics, timing, evals={}) -> str:
                 [f"{configs[c][k]:g}" for k in varied]
                 + [f"{x.mean():.4g} [{ci[0]:.4g}, {ci[1]:.4g}]", f"{iqm(x):.4g}", f"{x.min():.4g}"]
                 + [form.format(finals[k][c].mean()) for k, form in shown.items()]))
-    if args.pbt:  # the final population best first, its values in force, the best's schedule
-        members, steps = final_returns(metrics), metrics["env_steps"][0]
-        order = np.argsort(-members, kind="stable")
-        lines.append("population, best first: run | final return | " + " | ".join(varied))
-        lines += [" | ".join([str(r), f"{members[r]:.4g}"] + [f"{metrics[f'hp/{k}'][r, -1]:.4g}"
-                                                             for k in varied]) for r in order]
-        for k in varied:
-            schedule = metrics[f"hp/{k}"][order[0]]
-            changes = [0, *np.flatnonzero(np.diff(schedule)) + 1]  # where a new value holds
-            lines.append(f"run {order[0]}'s {k}: " + ", ".join(
-                f"{schedule[i]:.4g} from step {steps[i] - steps[0]:,.0f}" for i in changes))
     return "\n".join(lines + [timing_line])
+
+
+def population_lines(args: Args, metrics, evals, varied) -> list:
+    """--pbt: the final runs best first by SCORE, each with the run its lineage descends from
+    (configuration and seed), and the schedule of the best lineage's swept values."""
+    along, roots, score, order = lineages(args, metrics, evals)
+    configs, steps = grid(args), metrics["env_steps"][0]
+    start = lambda r: ", ".join([*(f"{k} {configs[r // args.num_seeds][k]:g}" for k in varied),
+                                 f"seed {r % args.num_seeds}"])
+    lines = [f"population by lineage, best first: run | descends from | {SCORE} | "
+             + " | ".join(varied)]
+    lines += [" | ".join([str(r), f"run {roots[r]} ({start(roots[r])})", f"{score[r]:.4g}",
+                          *(f"{along[f'hp/{k}'][r, -1]:.4g}" for k in varied)]) for r in order]
+    for k in varied:
+        schedule = along[f"hp/{k}"][order[0]]
+        changes = [0, *np.flatnonzero(np.diff(schedule)) + 1]  # where a new value holds
+        lines.append(f"run {order[0]}'s lineage, {k}: " + ", ".join(
+            f"{schedule[i]:.4g} from step {steps[i] - steps[0]:,.0f}" for i in changes))
+    return lines
 
 
 def config_dirs(run_dir, args: Args) -> list:
@@ -911,6 +1051,20 @@ class Tensorboard:
                 writer.flush()
             except OSError as e:  # (its thread's: quiet_writer_errors keeps it to one line)
                 raise OSError(e.errno, e.strerror, writer.get_logdir()) from None
+
+    def write_lineages(self, run_dir, args: Args, metrics, evals):
+        """--pbt, at the end: lineages/rank_{i}: the i-th best final run's scalars along its
+        lineage (its hyperparameters' schedule, returns...) and the run it descends from."""
+        along, roots, score, order = lineages(args, metrics, evals)
+        for i, r in enumerate(order):
+            writer = EventFileWriter(os.path.join(run_dir, "lineages", f"rank_{i}"))
+            writer.add_event(Event(summary=text_pb("lineage", f"final run {r}, descends from run "
+                                                   f"{roots[r]}; {SCORE} {score[r]:.4g}")))
+            for j, step in enumerate(along["env_steps"][r]):
+                for k, v in along.items():
+                    if k != "env_steps" and np.isfinite(v[r, j]):
+                        writer.add_event(self.scalar(k, v[r, j], step))
+            writer.close()
 
     def scalar(self, name: str, value, step) -> Event:
         value = Summary.Value(tag=self.TAGS.get(name, name.replace("loss/", "losses/")),
@@ -1130,6 +1284,8 @@ def train_and_write(args: Args, checkpoint, run_dir, is_lead: bool):
         evals = evaluate(state)
         if events:
             events.write(metrics, evals)
+    if events and args.pbt:
+        events.write_lineages(run_dir, args, metrics, evals)
     for c, (one, config_dir) in enumerate(config_dirs(run_dir, args)):
         os.makedirs(config_dir, exist_ok=True)
         seeds = slice(c * args.num_seeds, (c + 1) * args.num_seeds)  # this configuration's
@@ -1158,6 +1314,7 @@ def main():
             args, saved = read_saved(args, sys.argv[1:])
         args = validate(args)
         start_processes(args)
+        layout(args)  # runs and envs that do not split over the devices: one line, now
         run_dir = args.resume or os.path.join(
             args.log_dir, f"{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}")
         is_lead = jax.process_index() == 0  # --distributed: process 0 alone writes and prints

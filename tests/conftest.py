@@ -160,7 +160,8 @@ def assert_truncation_bootstraps_from_final_observation(calls):
         ordinary = (truncated[:-1] == 0) & (terminated[:-1] == 0)
         assert cut.sum() >= 8 and ordinary.sum() >= 24, (cut.sum(), ordinary.sum())
         np.testing.assert_allclose(follows[ordinary], reset_value[ordinary], rtol=1e-6, atol=1e-6)
-        # Measured on these steps: |V(final) - V(reset)| 0.12 to 0.48 (ppo and vpg); 0 with the
-        # post-reset observation in place of the final one (checked on a copy of each file).
+        # Measured on these steps: |V(final) - V(reset)| mostly 0.03 to 0.48 (ppo and vpg), once
+        # 7.8e-6 (two observations of nearly equal value); 0 with the post-reset observation in
+        # place of the final one (checked on a copy of each file), rounding at most: 1e-7.
         gap = np.abs(follows[cut] - reset_value[cut])
-        assert np.all(gap > 1e-3), gap
+        assert np.all(gap > 1e-6) and np.median(gap) > 1e-2, gap

@@ -55,14 +55,16 @@ def test_an_empty_compile_cache_dir_turns_the_cache_off(tmp_path):
 
 
 @pytest.mark.parametrize("module", [ql], ids=lambda m: m.__name__)
-def test_seeds_not_divisible_by_devices_use_fewer(module):
-    """3 seeds on 2 devices run on 1 device (the largest count dividing 3) instead of failing."""
+def test_seeds_not_divisible_by_devices_span_them(module):
+    """3 seeds on 2 devices: each run spans both (its agents split over them) rather than one
+    device idling; with an odd count of agents to split, 1 device."""
     flags = dict(zip(*[iter(TINY[os.path.basename(module.__file__)])] * 2))
     fields = {k.lstrip("-").replace("-", "_"): v for k, v in flags.items()}
     args = module.validate(module.Args(num_seeds=3, track=False, **fields))
     _, metrics, timing = module.run(args)
-    assert timing["devices"] == 1
+    assert (timing["devices"], timing["span"]) == (2, 2)
     assert np.asarray(metrics["env_steps"]).shape[0] == 3
+    assert module.layout(module.validate(module.Args(num_seeds=3, num_agents=3))) == (1, 1)
 
 
 @pytest.mark.parametrize("module", [ppo, vpg, ql], ids=lambda m: m.__name__)

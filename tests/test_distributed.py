@@ -72,7 +72,26 @@ def test_two_processes_write_what_one_computes(module, tmp_path):
     runs = {k: v.reshape(-1, v.shape[-1]) for k, v in metrics.items()}  # [runs, updates]
     table = module.summary(args, runs, timing).splitlines()[:-1]
     assert all(row in out0.splitlines() for row in table), (table, out0)
-    assert any(line.startswith("population, best first") for line in table)
+    assert any(line.startswith("population by lineage, best first") for line in table)
+
+
+def test_one_run_over_two_processes_writes_what_one_process_computes(tmp_path):
+    """One ppo run split over 2 processes of 1 device each (its envs, its gradients averaged over
+    gloo) writes the very numbers of the same run over the 2 devices of one process."""
+    fields = dict(num_seeds=1, num_envs=8, num_steps=16, num_minibatches=2,
+                  total_timesteps=8 * 16 * 6, hidden_size=16, eval_episodes=4)
+    procs = start(ppo, tmp_path, {**fields, "distributed": ()}, free_port())
+    (out0, err0), (out1, err1) = (p.communicate(timeout=300) for p in procs)
+    assert procs[0].returncode == 0 and procs[1].returncode == 0, err0[-2000:] + err1[-2000:]
+    assert "2 device(s) (2 a run)" in out0, out0
+    _, metrics, timing = ppo.run(ppo.validate(ppo.Args(track=False, **fields)))
+    assert timing["span"] == 2
+    (run_dir,) = tmp_path.glob("*__*")
+    for key, tag in [("loss/value", "losses/value"), ("episode_return", "charts/episodic_return")]:
+        written = dict(read_scalars(run_dir / "seed_0", tag))
+        ours = {int(step): np.float32(value) for step, value in
+                zip(metrics["env_steps"][0], metrics[key][0]) if np.isfinite(value)}
+        assert written == ours, (key, written, ours)
 
 
 def test_killed_distributed_run_resumes(tmp_path):
@@ -116,9 +135,10 @@ def test_a_signal_to_one_process_stops_them_all_after_the_same_segment(tmp_path)
 
 
 def test_runs_that_do_not_split_over_the_processes(tmp_path):
-    """1 configuration x 3 seeds cannot be split over 2 processes (the address flags imply
-    --distributed): both say so in one line, exit 2 and write nothing."""
-    fields = {**SWEEP[ql], "learning_rate": (0.1,), "num_seeds": 3}
+    """1 configuration x 3 seeds of 3 agents cannot be split over 2 processes, neither by runs nor
+    by agents (the address flags imply --distributed): both say so in one line, exit 2 and write
+    nothing."""
+    fields = {**SWEEP[ql], "learning_rate": (0.1,), "num_seeds": 3, "num_agents": 3}
     for proc in start(ql, tmp_path, fields, free_port()):
         _, err = proc.communicate(timeout=120)
         lines = [line for line in err.splitlines() if line.startswith("error:")]

@@ -12,8 +12,7 @@ EDITS = {  # what -> [(text of ppo.py, its replacement)], each a place of the fi
         ('    max_grad_norm: tuple[float, ...] = (0.5,)\n',
          '    max_grad_norm: tuple[float, ...] = (0.5,)\n    kl_coef: tuple[float, ...] = (0.0,)\n'
          '    """sweep: weight of a KL(behaviour || new policy) penalty in the loss"""\n'),
-        ("               max_grad_norm=NON_NEGATIVE)",
-         "               max_grad_norm=NON_NEGATIVE, kl_coef=NON_NEGATIVE)"),
+        ("max_grad_norm=POSITIVE)", "max_grad_norm=POSITIVE, kl_coef=NON_NEGATIVE)"),
         ('    loss = policy_loss + hp["vf_coef"] * value_loss - hp["ent_coef"] * entropy',
          '    loss = policy_loss + hp["vf_coef"] * value_loss - hp["ent_coef"] * entropy \\\n'
          '        + hp["kl_coef"] * ((ratio - 1.0) - log_ratio).mean()')],

@@ -33,6 +33,9 @@ LEARNING = {
                                seeds=4, mean=475.0, worst=450.0, rise=150.0),
     "pendulum_default": dict(args=dict(env_id="Pendulum-v1"), budget=1_000_000, seeds=4,
                              mean=-250.0, worst=None, rise=300.0),
+    # One seed: one run over conftest's 2 devices (its envs split, its gradients averaged)
+    "cartpole_one_run_two_devices": dict(args=dict(env_id="CartPole-v1"), budget=300_000,
+                                         seeds=1, mean=475.0, worst=450.0, rise=150.0),
 }
 
 
@@ -40,6 +43,8 @@ LEARNING = {
 def test_learns(case):
     """And on CartPole, a seed whose training episodes end at 500 holds the pole for all 500 steps
     of every evaluation episode with its most likely actions."""
+    if LEARNING[case]["seeds"] == 1:
+        assert ppo.layout(ppo.validate(ppo.Args(num_seeds=1, **LEARNING[case]["args"]))) == (1, 2)
     args, state, finals = assert_learns(ppo, LEARNING[case])
     if args.env_id == "CartPole-v1":
         greedy = ppo.evaluator(args)(state)["eval/episodic_return_greedy"]
@@ -114,7 +119,8 @@ def ppo_loss_reference(ratio, advantages, values, old_values, targets, clip, cli
 @pytest.mark.parametrize("clip_vloss", [False, True])
 def test_losses_match_float64_reference(clip_vloss):
     """ppo.loss_fn on random inputs with ratios below, inside and above [1 - eps, 1 + eps], both
-    advantage signs, and values inside and outside the clip band around the behaviour values."""
+    advantage signs, and values inside and outside the clip band around the behaviour values; the
+    advantages standardized first (ppo.standardize), as the update does for each minibatch."""
     rng = np.random.default_rng(1)
     n, clip, vf_coef, ent_coef = 256, 0.2, 0.7, 0.03
     f32 = lambda x: np.asarray(x, np.float32)
@@ -134,7 +140,7 @@ def test_losses_match_float64_reference(clip_vloss):
           dict(clip_coef=clip, vf_coef=vf_coef, ent_coef=ent_coef).items()}
     (loss, stats), grads = jax.jit(jax.value_and_grad(
         lambda p, *xs: ppo.loss_fn(p, PerSampleGaussian(), hp, clip_vloss, *xs), has_aux=True))(
-            params, batch, advantages, targets)
+            params, batch, ppo.standardize(advantages), targets)
 
     ratio = np.exp(log_prob - behaviour_log_prob)  # what the float32 inputs encode
     adv = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
@@ -306,6 +312,9 @@ def test_seed_sweep_layout_and_determinism():
         np.testing.assert_allclose(one_device[key][..., 0], two_devices[key][..., 0], rtol=1e-5,
                                    atol=1e-7, err_msg=key)
         np.testing.assert_array_equal(two_devices[key], again[key], err_msg=key)
+    # The learning rate in force at each update's first step, annealed linearly over 12 updates.
+    np.testing.assert_allclose(two_devices["charts/learning_rate"], np.float32(
+        [2.5e-3, 1e-3])[:, None, None] * (1 - np.arange(12) / 12) * np.ones((2, 2, 12)), rtol=1e-6)
     # Seeds are independent experiments: no two runs of the sweep see the same losses.
     losses = np.asarray(two_devices["loss/value"])
     assert len({float(x) for x in losses[..., 0].ravel()}) == 4
@@ -382,6 +391,7 @@ def test_copied_file_runs_alone(tmp_path):
     (["--env-id", "NoSuchEnv-v0"], "--env-id"),
     (["--num-envs", "10", "--num-steps", "10", "--num-minibatches", "3"], "--num-minibatches"),
     (["--learning-rate", "-0.001"], "--learning-rate"),
+    (["--max-grad-norm", "0"], "--max-grad-norm"),  # a clip of 0 would zero every step
 ])
 def test_bad_input_is_one_line_exit_2(flags, flag, tmp_path):
     assert_usage_error("ppo.py", flags, flag, tmp_path)

@@ -92,3 +92,12 @@ def test_epsilon_schedule():
     np.testing.assert_allclose(metrics["stats/epsilon"],
                                0.9 + np.minimum(before / 160, 1.0) * (0.3 - 0.9), atol=1e-6)
     assert float(runner.epsilon) == pytest.approx(0.3)
+    # The learning rate in force at each update's first step, annealed over the 10 updates.
+    np.testing.assert_allclose(metrics["charts/learning_rate"],
+                               args.learning_rate[0] * (1 - np.arange(10) / 10), rtol=1e-6)
+    # A --pbt step that moves start_e between two updates: the next rollout explores at the
+    # schedule of the new values (not at the epsilon the state carries from the old ones).
+    update = jax.jit(train.update)
+    runner, _ = update(hp, train.init(jax.random.PRNGKey(0), hp))
+    _, metrics = update(hp | {"start_e": jnp.float32(0.5)}, runner)
+    assert float(metrics["stats/epsilon"]) == pytest.approx(0.5 + 32 / 160 * (0.3 - 0.5))

@@ -315,6 +315,9 @@ def test_seed_sweep_layout_and_determinism():
     np.testing.assert_allclose(one_device["stats/greedy_optimal"][:, -1],
                                two_devices["stats/greedy_optimal"][:, -1], atol=0.05)
     np.testing.assert_array_equal(two_devices["env_steps"][0], [8_000, 16_000, 24_000])
+    # The learning rate in force at each update's first step (annealed per step over the run).
+    np.testing.assert_allclose(two_devices["charts/learning_rate"][0], 0.1 * (1 - np.arange(3) / 3),
+                               rtol=1e-6)
     # Seeds are independent experiments, and another --seed is another sweep.
     errors = np.asarray(two_devices["stats/q_error"])
     assert len({float(x) for x in errors[:, 0]}) == 4

@@ -43,7 +43,7 @@ def test_summary_rows_best_first():
                        [90.0, 80.0], [20.0, 20.0], [70.0, 71.0]])
     metrics = {"episode_return": np.repeat(finals.reshape(12, 1), 3, axis=1),  # [runs, updates]
                "env_steps": np.tile([64, 128, 192], (12, 1))}
-    timing = dict(devices=2, compile_s=1.0, cached=False, run_s=2.0, sps=3.0)
+    timing = dict(devices=2, span=1, compile_s=1.0, cached=False, run_s=2.0, sps=3.0)
     lines = ppo.summary(args, metrics, timing).splitlines()
     assert lines[0].startswith("ppo on CartPole-v1: 6 configurations x 2 seeds x")
     assert lines[1].startswith("flags: total_timesteps=192 num_envs=4 ")  # resolved; not swept

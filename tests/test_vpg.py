@@ -48,13 +48,15 @@ def test_learns(case):
 
 def tiny_batch(env_id, n=7, ent_coef=0.05):
     """A hand-made batch of n samples and perturbed parameters (so the policy is not uniform),
-    with vpg.loss_fn bound to its network and hyperparameters."""
+    with vpg.loss_fn bound to its network and hyperparameters (the advantages standardized first, as
+    the update does)."""
     args = vpg.validate(vpg.Args(env_id=env_id, hidden_size=8, ent_coef=(ent_coef,),
                                  track=False))
     continuous, obs_dim = env_id == "Pendulum-v1", 4 if env_id == "CartPole-v1" else 3
     network = vpg.ActorCritic(1 if continuous else 2, continuous, args.hidden_size)
     hp = {k: np.float32(v) for k, v in vpg.grid(args)[0].items()}
-    loss_fn = lambda params, *batch: vpg.loss_fn(params, network, hp, *batch)
+    loss_fn = lambda params, batch, advantages, targets: vpg.loss_fn(
+        params, network, hp, batch, vpg.standardize(advantages), targets)
     rng = np.random.default_rng(0)
     params = jax.jit(network.init)(jax.random.PRNGKey(0), jnp.zeros(obs_dim))
     params = jax.tree.map(lambda x: np.asarray(x) + rng.normal(0, 0.3, x.shape).astype(np.float32),
@@ -236,9 +238,9 @@ def test_seed_sweep_determinism(user_run):
                                 "loss/value", "loss/entropy", "stats/approx_kl",
                                 "charts/learning_rate"}
     assert all(v.shape == (4, 10) for v in two_devices.values())
-    # The learning rate in force after each update: annealed linearly to 0 over the 10 updates.
+    # The learning rate in force at each update's first step: annealed linearly over 10 updates.
     np.testing.assert_allclose(two_devices["charts/learning_rate"],
-                               np.tile(args.learning_rate[0] * (1 - np.arange(1, 11) / 10), (4, 1)),
+                               np.tile(args.learning_rate[0] * (1 - np.arange(10) / 10), (4, 1)),
                                rtol=1e-6, atol=1e-9)
     # The same command on the same layout is bit-identical: the user's run (another process)
     # logged the very same metrics, every update and seed, and saved the very same parameters.
@@ -319,6 +321,7 @@ def test_copied_file_runs_alone_and_writes_events_and_model(user_run):
     (["--learning-rate", "-0.001"], "--learning-rate"),
     (["--update-epochs", "0"], "--update-epochs"),
     (["--gae-lambda", "1.5"], "--gae-lambda"),
+    (["--max-grad-norm", "0"], "--max-grad-norm"),  # a clip of 0 would zero every step
 ])
 def test_bad_input_is_one_line_exit_2(flags, flag, tmp_path):
     assert_usage_error("vpg.py", flags, flag, tmp_path)

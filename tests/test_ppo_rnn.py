@@ -1,0 +1,245 @@
+"""Recurrent PPO: the GRU over sequences with resets against a float64 numpy GRU, the hidden state
+zeroed exactly at episode starts, the update's re-run of each rollout reproducing its
+log-probabilities and values, truncation bootstrapping by the episode's own memory, the
+velocity mask, learning floors on a memory task and on CartPole-v1, and bad input."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import ppo_rnn
+from conftest import (
+    assert_learns,
+    assert_truncation_bootstraps_from_final_observation,
+    assert_usage_error,
+    record_gae_inputs_with_short_episodes,
+)
+
+# One table: what a correct recurrent PPO reaches, the env-step budget it gets (the presets fill
+# the rest), on how many seeds; "mean"/"worst" = the final return (mean episode_return over the
+# last 5% of updates) over the seeds / of each, "rise" = how far the last 10% of updates score
+# above the first 10%, "greedy" = the seeds' mean evaluation by the most likely actions (every
+# seed above 0). MemoryChain-bsuite: the sign of the reward at an episode's end needs the bit
+# shown at its first steps; a memoryless policy's expected return is 0 (ppo.py's: about 0,
+# benchmarks/results/RNN.md). Its preset's 100k steps cut to 40k (measured: 1 on 8 of 8 seeds),
+# CartPole-v1's 4 seeds to 2: the suite's time (done-when, 4 seeds: benchmarks/bench_rnn.py).
+LEARNING = {
+    "memory_chain": dict(args=dict(env_id="MemoryChain-bsuite", total_timesteps=40_000,
+                                   eval_episodes=16),
+                         budget=40_000, seeds=4, mean=0.5, worst=None, rise=0.5, greedy=0.8),
+    "cartpole": dict(args=dict(env_id="CartPole-v1"), budget=300_000, seeds=2, mean=475.0,
+                     worst=450.0, rise=150.0, greedy=None),
+}
+
+
+@pytest.mark.parametrize("case", LEARNING)
+def test_learns(case):
+    spec = LEARNING[case]
+    args, state, _ = assert_learns(ppo_rnn, spec)
+    if spec["greedy"] is not None:
+        greedy = ppo_rnn.evaluator(args)(state)["eval/episodic_return_greedy"]
+        assert greedy.mean() >= spec["greedy"] and greedy.min() > 0, greedy
+
+
+# ------------------------------------------------------------------ the network against numpy
+def sigmoid(x):
+    return 1.0 / (1.0 + np.exp(-x))
+
+
+def reference_network(params, memory, obs, first):
+    """ActorCritic (the MLP torso, discrete actions) one env and one step at a time in float64:
+    a tanh dense layer, flax's GRUCell (r, z, n gates; its docstring's equations) whose state is
+    zeroed at a step marked first, then a tanh dense layer and a linear layer per head. Returns
+    the memory after the sequences, the logits [N, T, A] and the values [N, T]."""
+    p = jax.tree.map(lambda x: np.asarray(x, np.float64), params["params"])
+    dense = lambda x, layer: x @ layer["kernel"] + layer.get("bias", 0.0)
+    gru = p["gru"]
+    N, T = first.shape
+    memory = np.array(memory, np.float64)
+    logits, values = [], []
+    for n in range(N):
+        h = memory[n]
+        for t in range(T):
+            if first[n, t]:
+                h = np.zeros_like(h)
+            x = np.tanh(dense(obs[n, t], p["torso"]["layers_0"]))
+            r = sigmoid(dense(x, gru["ir"]) + dense(h, gru["hr"]))
+            z = sigmoid(dense(x, gru["iz"]) + dense(h, gru["hz"]))
+            candidate = np.tanh(dense(x, gru["in"]) + r * dense(h, gru["hn"]))
+            h = (1 - z) * candidate + z * h
+            logits.append(dense(np.tanh(dense(h, p["actor"]["layers_0"])), p["actor"]["layers_2"]))
+            values.append(dense(np.tanh(dense(h, p["critic"]["layers_0"])),
+                                p["critic"]["layers_2"])[0])
+        memory[n] = h
+    return memory, np.reshape(logits, (N, T, -1)), np.reshape(values, (N, T))
+
+
+def random_network(seed, N=3, T=12, obs_dim=4, hidden=8):
+    """ActorCritic's parameters with every leaf random (biases too: flax starts them at 0), random
+    inputs, a random memory, and episode starts: env 0 at t=0, 4 and 9, env 1 never, env 2 at
+    random steps."""
+    rng = np.random.default_rng(seed)
+    network = ppo_rnn.ActorCritic(action_dim=3, continuous=False, hidden_size=hidden)
+    params = network.init(jax.random.PRNGKey(seed), jnp.zeros((1, hidden)),
+                          jnp.zeros((1, 1, obs_dim)), jnp.ones((1, 1), bool))
+    params = jax.tree.map(lambda x: np.float32(rng.normal(size=x.shape) * 0.7), params)
+    obs = np.float32(rng.normal(size=(N, T, obs_dim)))
+    memory = np.float32(rng.normal(size=(N, hidden)) * 0.5)
+    first = np.zeros((N, T), bool)
+    first[0, [0, 4, 9]] = True
+    first[2] = rng.random(T) < 0.3
+    return network, params, memory, obs, first
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_gru_with_resets_matches_float64_numpy(seed):
+    network, params, memory, obs, first = random_network(seed)
+    after, dist, values = jax.jit(network.apply)(params, memory, obs, first)
+    ref_memory, ref_logits, ref_values = reference_network(params, memory, obs, first)
+    np.testing.assert_allclose(after, ref_memory, rtol=1e-5, atol=1e-5)
+    log_softmax = ref_logits - np.log(np.exp(ref_logits).sum(-1, keepdims=True))
+    np.testing.assert_allclose(dist.logits, log_softmax, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(values, ref_values, rtol=1e-4, atol=1e-5)
+
+
+def test_hidden_state_zeroed_exactly_at_episode_starts():
+    """A step marked first gives what a sequence started there from zeros (none marked) gives,
+    whatever the memory before it; the steps before it depend on that memory, as do those of a
+    sequence with no step marked."""
+    network, params, memory, obs, first = random_network(2)
+    apply = jax.jit(network.apply)
+    _, dist, values = apply(params, memory, obs, first)
+    _, _, other_values = apply(params, memory + 1.0, obs, first)  # another memory before
+    _, _, unreset = apply(params, memory, obs, np.zeros_like(first))
+    for start in (4, 9):  # env 0's episode starts
+        from_zeros = first[:1, start:].copy()
+        from_zeros[0, 0] = False  # its state from zeros, not by the flag
+        _, _, fresh = apply(params, np.zeros_like(memory[:1]), obs[:1, start:], from_zeros)
+        np.testing.assert_allclose(values[0, start:], fresh[0], rtol=1e-6, atol=1e-6)
+    np.testing.assert_array_equal(values[0], other_values[0])  # env 0 starts at t=0
+    assert np.all(values[1] != other_values[1])  # env 1 never starts: its memory counts
+    reset = np.cumsum(first[2]) > 0  # env 2 after its first start ignores the memory before
+    np.testing.assert_array_equal(values[2, reset], other_values[2, reset])
+    assert np.all(values[2, ~reset] != other_values[2, ~reset])
+    assert np.all(np.abs(values[0, 4:] - unreset[0, 4:]) > 0)  # the reset changed env 0's values
+
+
+# --------------------------------------------------------- the rollout and the update's re-run
+RERUN = dict(env_id="CartPole-v1", num_envs=4, num_steps=16, num_minibatches=1, update_epochs=2,
+             hidden_size=16, total_timesteps=4 * 16 * 3)
+
+
+@pytest.fixture(scope="module")
+def rerun_records():
+    """A tiny CartPole-v1 run whose episodes are truncated after 5 steps: per loss_fn call (update
+    u, epoch e: call 2u + e), the re-run's log-ratio and value error against the rollout's, the
+    same from another memory (the stored one + 0.5) and with no step marked first, the
+    minibatch's first, terminated and truncated flags and its memory; and compute_gae's inputs
+    per update."""
+    calls, records = None, []
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        calls = record_gae_inputs_with_short_episodes(ppo_rnn, monkeypatch)
+        loss_fn = ppo_rnn.loss_fn
+
+        def spy(params, network, hp, clip_vloss, memory, batch, advantages, targets):
+            def errors(memory, first):
+                _, dist, values = network.apply(params, memory, batch.obs, first)
+                return dist.log_prob(batch.action) - batch.log_prob, values - batch.value
+
+            jax.debug.callback(
+                lambda *xs: records.append([np.asarray(x) for x in xs]),
+                *errors(memory, batch.first), *errors(memory + 0.5, batch.first),
+                *errors(memory, jnp.zeros_like(batch.first)), batch.first, batch.terminated,
+                batch.truncated, memory)
+            return loss_fn(params, network, hp, clip_vloss, memory, batch, advantages, targets)
+
+        monkeypatch.setattr(ppo_rnn, "loss_fn", spy)
+        args = ppo_rnn.validate(ppo_rnn.Args(**RERUN, track=False))
+        train = ppo_rnn.make_train(args)
+        hp = {k: jnp.float32(getattr(args, k)[0]) for k in ppo_rnn.HPARAMS}
+        jax.block_until_ready(jax.jit(train)(jax.random.PRNGKey(0), hp))
+    assert len(records) == 3 * 2 and len(calls) == 3
+    return records, calls
+
+
+def test_rerun_reproduces_the_rollout_at_the_first_epoch(rerun_records):
+    """The update's first pass (the behaviour parameters) re-runs every env's rollout from its
+    stored memory with the stored resets: ratio 1 and the rollout's values, within float32
+    rounding. From another memory, or without the resets, it does not; and the second
+    epoch, after a gradient step, moves away from 1."""
+    records, _ = rerun_records
+    for update in range(3):
+        log_ratio, value_error, *wrong, first, _, _, memory = records[2 * update]
+        assert np.abs(log_ratio).max() < 1e-5 and np.abs(value_error).max() < 1e-5
+        # (by the values: the initial policy's logits are near 0, whatever the memory)
+        other_memory, no_reset = (np.abs(wrong[i]).max() for i in (1, 3))
+        assert no_reset > 1e-3
+        assert other_memory > 1e-3 if update > 0 else other_memory < 1e-6  # (all first at t=0)
+        assert (np.abs(memory).max() > 0) == (update > 0)
+        assert np.abs(records[2 * update + 1][0]).max() > 1e-4
+
+
+def test_first_marks_the_step_after_each_episode_end(rerun_records):
+    """The flag that zeroes the GRU is set at the run's first step and at each step after an
+    episode ended (terminated or truncated), and nowhere else; a rollout's stored memory is what
+    the last step of the previous rollout left."""
+    records, _ = rerun_records
+    previous_end = np.ones(RERUN["num_envs"], bool)  # the run's start
+    for update in range(3):
+        *_, first, terminated, truncated, memory = records[2 * update]  # [envs, steps]
+        ended = np.maximum(terminated, truncated) > 0
+        np.testing.assert_array_equal(first[:, 0], previous_end)
+        np.testing.assert_array_equal(first[:, 1:], ended[:, :-1])
+        assert first.sum() >= 8
+        previous_end = ended[:, -1]
+
+
+def test_truncation_bootstraps_by_the_episodes_own_memory(rerun_records):
+    """next_values[t] is V of the observation before the auto-reset by the memory after step t:
+    on an ordinary step the next step's value exactly; on a truncated step not the reset one."""
+    _, calls = rerun_records
+    assert_truncation_bootstraps_from_final_observation(calls)
+
+
+# ----------------------------------------------------------------- the velocity mask; bad input
+def test_mask_velocity_keeps_the_positions():
+    args = ppo_rnn.validate(ppo_rnn.Args(env_id="CartPole-v1", mask_velocity=True, num_envs=3,
+                                         track=False))
+    hp = {k: jnp.float32(getattr(args, k)[0]) for k in ppo_rnn.HPARAMS}
+    state = ppo_rnn.make_train(args).init(jax.random.PRNGKey(0), hp)
+    env, env_params = ppo_rnn.gymnax.make("CartPole-v1")
+    obs, _ = jax.vmap(env.reset, in_axes=(0, None))(
+        jax.random.split(jax.random.split(jax.random.PRNGKey(0), 3)[1], 3), env_params)
+    np.testing.assert_array_equal(state.obs, obs[:, [0, 2]])
+    assert state.memory.shape == (3, args.hidden_size) and not state.memory.any()
+    assert ppo_rnn.validate(ppo_rnn.Args(mask_velocity=True)).total_timesteps == 1_000_000
+
+
+@pytest.mark.parametrize("flags, flag", [
+    (["--num-envs", "10", "--num-minibatches", "4"], "--num-minibatches"),
+    (["--env-id", "Acrobot-v1", "--mask-velocity"], "--mask-velocity"),
+    (["--network", "cnn"], "--network"),
+    (["--hidden-size", "0"], "--hidden-size"),
+])
+def test_bad_input_is_one_line_exit_2(flags, flag, tmp_path):
+    assert_usage_error("ppo_rnn.py", flags, flag, tmp_path)
+
+
+
+@pytest.mark.parametrize("flags", [dict(env_id="Breakout-MinAtar", network="cnn"),
+                                   dict(env_id="Pendulum-v1", mask_velocity=True)])
+def test_cnn_torso_and_continuous_actions_trace(flags):
+    """The MinAtar CNN before the GRU, and continuous actions (a diagonal Gaussian one step at a
+    time and over sequences): a whole run traces to the shapes of the contract, and act carries
+    the memory (both run end to end in benchmarks/bench_rnn.py and the module's examples)."""
+    args = ppo_rnn.validate(ppo_rnn.Args(num_envs=4, num_steps=8, num_minibatches=2,
+                                         hidden_size=8, total_timesteps=64, track=False, **flags))
+    train = ppo_rnn.make_train(args)
+    hp = {k: jnp.float32(getattr(args, k)[0]) for k in ppo_rnn.HPARAMS}
+    state, metrics = jax.eval_shape(train, jax.random.PRNGKey(0), hp)
+    assert metrics["loss/policy"].shape == (train.num_updates,) == (2,)
+    assert state.memory.shape == (4, 8) and state.first.shape == (4,)
+    env, env_params = ppo_rnn.gymnax.make(args.env_id)
+    obs = jnp.zeros((3, *env.observation_space(env_params).shape))
+    actions, memory = jax.eval_shape(train.act, state, obs, train.initial_memory(3))
+    assert actions.shape == (3, *env.action_space(env_params).shape) and memory.shape == (3, 8)
