@@ -82,8 +82,7 @@ HPARAMS = dict(learning_rate=POSITIVE, gamma=UNIT, gae_lambda=UNIT, ent_coef=NON
                clip_coef=NON_NEGATIVE, vf_coef=NON_NEGATIVE, max_grad_norm=POSITIVE)
 # Those whose scale is 1 - x (gamma's horizon is 1 / (1 - gamma)): --pbt moves 1 - x, not x.
 NEAR_ONE = ("gamma", "gae_lambda")
-COUNTS = dict(total_timesteps=1, num_envs=1, num_steps=1, num_minibatches=1, update_epochs=1,
-              hidden_size=1)
+COUNTS = {}  # the int flags that may be below 1 (all others: >= 1): none
 SIZE_FLAGS = ("num_envs", "num_steps")
 
 
@@ -257,11 +256,12 @@ def make_train(args, axis=None):
 
     psum, pmean = over_devices(jax.lax.psum), over_devices(pmean_flat)
 
-    def share(x):  # this device's part of a run's [num_envs, ...] array (on one device: all)
+    def env_keys(key):  # a key for each env of the run, this device's envs' (one device: all)
+        keys = jax.random.split(key, args.num_envs)
         if axis is None:
-            return x
+            return keys
         size = args.num_envs // jax.lax.axis_size(axis)
-        return jax.lax.dynamic_slice_in_dim(x, jax.lax.axis_index(axis) * size, size)
+        return jax.lax.dynamic_slice_in_dim(keys, jax.lax.axis_index(axis) * size, size)
 
     def make_tx(hp):  # from this run's traced learning rate and gradient clip
         lr, steps = hp["learning_rate"], num_updates * args.update_epochs * args.num_minibatches
@@ -282,11 +282,9 @@ def make_train(args, axis=None):
             dist, value = network.apply(runner.params, obs)
             return *dist.sample_and_log_prob(seed=key), value
 
-        action, log_prob, value = jax.vmap(act_one)(
-            obs, share(jax.random.split(k_act, args.num_envs)))
+        action, log_prob, value = jax.vmap(act_one)(obs, env_keys(k_act))
         next_obs, env_state, reward, terminated, truncated, info = vstep(
-            share(jax.random.split(k_env, args.num_envs)), runner.env_state, to_env(action),
-            env_params)
+            env_keys(k_env), runner.env_state, to_env(action), env_params)
         done = jnp.logical_or(terminated, truncated)
         terminated, truncated = terminated.astype(jnp.float32), truncated.astype(jnp.float32)
         # Reward scaling divides by the std of the discounted return (as gym's NormalizeReward).
@@ -359,8 +357,7 @@ def make_train(args, axis=None):
     def init(key, hp) -> RunnerState:
         k_init, k_env, k_run = jax.random.split(key, 3)
         params = network.init(k_init, jnp.zeros(obs_shape))
-        obs, env_state = jax.vmap(env.reset, in_axes=(0, None))(
-            share(jax.random.split(k_env, args.num_envs)), env_params)
+        obs, env_state = jax.vmap(env.reset, in_axes=(0, None))(env_keys(k_env), env_params)
         stats = lambda shape: RunningStats(jnp.zeros(shape), jnp.ones(shape), jnp.asarray(1e-4))
         envs = len(obs)  # this device's
         return RunnerState(
@@ -467,7 +464,7 @@ ExtraFlags, draw = dataclasses.make_dataclass("ExtraFlags", []), lambda folder, 
 #   HPARAMS           {flag: (rule text, rule)}: the float flags the program traces, typed
 #                     tuple[float, ...], several values a sweep; rule(x) -> bool, on arrays too.
 #   NEAR_ONE          the HPARAMS flags whose scale is 1 - x (discounts): --pbt perturbs 1 - x.
-#   COUNTS            {flag: least value} of every int flag of Hyperparams (a test checks).
+#   COUNTS            {flag: least value} of the int flags that may be below 1 (others: >= 1).
 #   SPLIT             the int flag whose count a run spanning devices shares out (its envs).
 #   SIZE_FLAGS        the flags that set a run's memory, named when it does not fit.
 #   resolve(args)     -> args, every None filled (presets, rules); ValueError names a bad flag.
@@ -580,16 +577,16 @@ def grid(args: Args) -> list:
     return [dict(zip(HPARAMS, v)) for v in itertools.product(*(getattr(args, k) for k in HPARAMS))]
 
 
-RUNNER_COUNTS = dict(num_seeds=1, eval_episodes=0, num_segments=1, num_processes=1, process_id=0,
-                     pbt_every=1, devices_per_run=1)
+RUNNER_COUNTS = dict(eval_episodes=0, process_id=0)  # the runner's ints that may be below 1
 
 
 def validate(args: Args) -> Args:
-    """Check every flag (counts: COUNTS and RUNNER_COUNTS, --seed any int) and resolve the unset
-    ones (the file's `resolve`), before any compile."""
-    for name, least in {**COUNTS, **RUNNER_COUNTS}.items():
-        if getattr(args, name) is not None and getattr(args, name) < least:
-            raise ArgError(f"{flag(name)} must be >= {least} (got {getattr(args, name)})")
+    """Check every flag (an int: >= 1 or its least value in COUNTS and RUNNER_COUNTS; --seed any)
+    and resolve the unset ones (the file's `resolve`), before any compile."""
+    least = {**COUNTS, **RUNNER_COUNTS, "seed": -np.inf}
+    for name, value in vars(args).items():
+        if type(value) is int and value < least.get(name, 1):
+            raise ArgError(f"{flag(name)} must be >= {least.get(name, 1)} (got {value})")
     for name, (rule, holds) in HPARAMS.items():
         for x in getattr(args, name) or ():
             if not holds(x):
@@ -634,12 +631,9 @@ def parse(argv) -> Args:
     for field in (f for f in dataclasses.fields(Args) if f.default is None):
         value = getattr(shown, field.name)
         value = value[0] if isinstance(value, tuple) and len(value) == 1 else value
-        hint = f"(default: {value} on {shown.env_id})"
-        if field.name in algorithm_flags:
-            hint = f"(default: {value} on {shown.env_id}; per env: PRESETS in {file})"
-        if value is None:
-            hint = "(default: unset)"
-        config = tyro.conf.arg(help_behavior_hint=hint)
+        where = f"; per env: PRESETS in {file}" if field.name in algorithm_flags else ""
+        hint = f"(default: {value} on {shown.env_id}{where})" if value is not None else None
+        config = tyro.conf.arg(help_behavior_hint=hint or "(default: unset)")
         hinted.append((field.name, typing.Annotated[field.type, config],
                        dataclasses.field(default=None)))
     typed = tyro.cli(dataclasses.make_dataclass("Args", hinted, bases=(Args,)), args=argv,
@@ -736,16 +730,13 @@ def why_not_split(args: Args, span: int) -> Optional[str]:
 
 
 def state_specs(args: Args, span: int, key, hp):
-    """A PartitionSpec per state leaf: [runs, ...] over "runs" and, where a device of a run's span
-    holds only its share (the envs), that axis over "batch" (found by tracing init on it)."""
-    whole = jax.eval_shape(make_train(args).init, key, hp)
-    if span == 1:
-        return jax.tree.map(lambda _: P("runs"), whole)
-    part = jax.eval_shape(jax.vmap(make_train(args, "batch").init, in_axes=None, axis_size=span,
-                                   axis_name="batch"), key, hp)  # [span, ...] leaves
+    """A PartitionSpec per state leaf: [runs, ...] over "runs" and, where a device holds only its
+    share of the run's (a leaf smaller in a run of its share of SPLIT), that axis over "batch"."""
+    share = dataclasses.replace(args, **{SPLIT: getattr(args, SPLIT) // span})
+    whole, part = (jax.eval_shape(make_train(run).init, key, hp) for run in (args, share))
 
     def spec(whole, part):
-        split = [i for i, (a, b) in enumerate(zip(whole.shape, part.shape[1:])) if a != b]
+        split = [i for i, (a, b) in enumerate(zip(whole.shape, part.shape)) if a != b]
         return P("runs", *[None] * split[0], "batch") if split else P("runs")
 
     return jax.tree.map(spec, whole, part)
@@ -806,17 +797,36 @@ def compile_sweep(args: Args, mesh, specs, train, keys, hp, resuming: bool):
     return run_init, run_segment, length
 
 
+def device_mesh(args: Args, num_devices: Optional[int] = None) -> Mesh:
+    """layout(args)'s mesh: its groups of devices ("runs") x each group's span ("batch"), every
+    process lending its first devices (a run's are consecutive: on one process, or on several)."""
+    groups, span = layout(args, num_devices)
+    lent = groups * span // jax.process_count()
+    by_process = [sorted((d for d in jax.devices() if d.process_index == p), key=lambda d: d.id)
+                  for p in range(jax.process_count())]
+    return Mesh(np.array([d[:lent] for d in by_process]).reshape(groups, span), ("runs", "batch"))
+
+
+def pbt_step(args: Args, explore, state, hp, metrics, first: int, length: int, num_updates: int):
+    """(state, hp, copied_from) for the segment from update `first`, after a step of the population
+    if one is due (every --pbt-every segments of `length` updates), else copied_from None. Fitness:
+    SCORE's mean since the last step, NaN without evidence (the run sits the step out)."""
+    if not args.pbt or (first // length) % args.pbt_every or first >= num_updates:
+        return state, hp, None
+    with np.errstate(all="ignore"):
+        fitness = np.nanmean(metrics[SCORE][:, max(0, first - length * args.pbt_every):first], 1)
+    key = jax.random.fold_in(jax.random.PRNGKey(args.seed), first)  # the same on --resume
+    return jax.device_get(explore(state, hp, fitness, key))
+
+
 def segments(args: Args, num_devices: Optional[int] = None, start=None):
     """Train grid(args) x seeds (seed k: the k-th split of PRNGKey(args.seed)) in num_segments
-    calls of one program over the devices (layout), PBT between two. Yields after each (state,
-    metrics [runs, updates so far], timing), all the processes' runs."""
+    calls of one program over the devices (device_mesh), PBT between two; from `start`, a
+    checkpoint's (state, metrics), on --resume. Yields after each (state, metrics [runs, updates
+    so far], timing), all the processes' runs; the next segment runs while the caller writes."""
     configs, seeds, runs = grid(args), args.num_seeds, len(grid(args)) * args.num_seeds
-    groups, span = layout(args, num_devices)
-    lent = groups * span // jax.process_count()  # each process's first `lent` devices
-    lent_by = lambda p: sorted((d for d in jax.devices() if d.process_index == p),
-                               key=lambda d: d.id)[:lent]
-    devices = [d for p in range(jax.process_count()) for d in lent_by(p)]  # a run's: consecutive
-    mesh = Mesh(np.array(devices).reshape(groups, span), ("runs", "batch"))
+    mesh = device_mesh(args, num_devices)
+    span, on_runs = mesh.shape["batch"], partial(on_mesh, mesh, specs=P("runs"))
     keys = jnp.tile(jax.random.split(jax.random.PRNGKey(args.seed), seeds), (len(configs), 1))
     hp_runs = {k: np.repeat(np.float32([c[k] for c in configs]), seeds) for k in HPARAMS}
     train = make_train(args, "batch" if span > 1 else None)
@@ -824,22 +834,12 @@ def segments(args: Args, num_devices: Optional[int] = None, start=None):
     t0, seen = time.perf_counter(), len(EVENTS)  # a cache hit from here on is training's
     run_init, run_segment, length = compile_sweep(args, mesh, specs, train, keys, hp_runs,
                                                   resuming=start is not None)
-    check_memory(args, [p for p in (run_init, run_segment) if p], lent)
+    check_memory(args, [p for p in (run_init, run_segment) if p], mesh.size // jax.process_count())
     compile_s, cached = time.perf_counter() - t0, any(e.endswith("hits") for e in EVENTS[seen:])
-    explore = jax.jit(partial(exploit_and_explore, args))
-
-    def population(state, hp, metrics, first: int):
-        """(state, hp, copied_from) for the segment from update `first`, after PBT if it is due."""
-        if not args.pbt or (first // length) % args.pbt_every or first >= train.num_updates:
-            return state, hp, None
-        since = max(0, first - length * args.pbt_every)  # the updates since the last step
-        with np.errstate(all="ignore"):  # SCORE's mean; NaN without evidence: sits the step out
-            fitness = np.nanmean(metrics[SCORE][:, since:first], axis=1)
-        key = jax.random.fold_in(jax.random.PRNGKey(args.seed), first)  # the same on --resume
-        return jax.device_get(explore(state, hp, fitness, key))
-
+    population = partial(pbt_step, args, jax.jit(partial(exploit_and_explore, args)),
+                         length=length, num_updates=train.num_updates)
     if start is None:
-        state, metrics = run_init(*on_mesh(mesh, (keys, hp_runs), (P("runs"), P("runs")))), None
+        state, metrics = run_init(on_runs(keys), on_runs(hp_runs)), None
     else:  # a checkpoint's leaves are [runs, ...] as one device holds them, whatever the layout
         saved_state, metrics = start
         try:
@@ -855,7 +855,7 @@ def segments(args: Args, num_devices: Optional[int] = None, start=None):
     steps_before = 0 if done == 0 else metrics["env_steps"][0, done - 1]
     valid = lambda first: on_mesh(mesh, np.int32(min(length, train.num_updates - first)), P())
     t_start = time.perf_counter()
-    out = run_segment(on_mesh(mesh, hp_runs, P("runs")), state, valid(done))
+    out = run_segment(on_runs(hp_runs), state, valid(done))
     for first in range(done, train.num_updates, length):
         state, new = to_host(mesh, out)  # (this waits for the segment)
         new = jax.tree.map(lambda x: x[:, :min(length, train.num_updates - first)], new)
@@ -868,11 +868,11 @@ def segments(args: Args, num_devices: Optional[int] = None, start=None):
             column = np.where(copied < 0, np.nan, copied)[:, None]
             metrics["pbt/copied_from"] = np.hstack([metrics["pbt/copied_from"][:, :-1], column])
         if first + length < train.num_updates:
-            out = run_segment(on_mesh(mesh, hp_runs, P("runs")), following, valid(first + length))
+            out = run_segment(on_runs(hp_runs), following, valid(first + length))
         run_s = time.perf_counter() - t_start
         yield state, metrics, {
             "compile_s": compile_s, "run_s": run_s, "cached": cached, "first": first,
-            "num_updates": train.num_updates, "devices": groups * span, "span": span,
+            "num_updates": train.num_updates, "devices": mesh.size, "span": span,
             "sps": runs * float(metrics["env_steps"][0, -1] - steps_before) / run_s}
 
 
@@ -1086,19 +1086,15 @@ class Tensorboard:
             except OSError as e:  # (its thread's: quiet_writer_errors keeps it to one line)
                 raise OSError(e.errno, e.strerror, writer.get_logdir()) from None
 
-    def write_lineages(self, run_dir, args: Args, metrics, evals):
-        """--pbt, at the end: lineages/rank_{i}: the i-th best final run's scalars along its
-        lineage (its hyperparameters' schedule, returns...) and the run it descends from."""
-        along, roots, score, order = lineages(args, metrics, evals)
-        for i, r in enumerate(order):
-            writer = EventFileWriter(os.path.join(run_dir, "lineages", f"rank_{i}"))
-            writer.add_event(Event(summary=text_pb("lineage", f"final run {r}, descends from run "
-                                                   f"{roots[r]}; {SCORE} {score[r]:.4g}")))
-            for j, step in enumerate(along["env_steps"][r]):
-                for k, v in along.items():
-                    if k != "env_steps" and np.isfinite(v[r, j]):
-                        writer.add_event(self.scalar(k, v[r, j], step))
-            writer.close()
+    def write_lineages(self, args: Args, metrics, evals, population: str):
+        """--pbt, at the end: in each run's folder, lineage/<tag>: the curves of its final
+        model's lineage (its ancestors' before each copy); the population best first, as text."""
+        along = lineages(args, metrics, evals)[0]
+        self.written = 0  # (all the updates, again: as the lineage's)
+        self.write({"env_steps": along.pop("env_steps"),
+                    **{f"lineage/{k}": v for k, v in along.items()}}, {})
+        self.writers[0].add_event(Event(summary=text_pb("population by lineage", population)))
+        self.writers[0].flush()
 
     def scalar(self, name: str, value, step) -> Event:
         value = Summary.Value(tag=self.TAGS.get(name, name.replace("loss/", "losses/")),
@@ -1319,7 +1315,9 @@ def train_and_write(args: Args, checkpoint, run_dir, is_lead: bool):
         if events:
             events.write(metrics, evals)
     if events and args.pbt:
-        events.write_lineages(run_dir, args, metrics, evals)
+        varied = [k for k in HPARAMS if len(getattr(args, k)) > 1]
+        events.write_lineages(args, metrics, evals, "\n".join(
+            population_lines(args, metrics, evals, varied)))
     for c, (one, config_dir) in enumerate(config_dirs(run_dir, args)):
         os.makedirs(config_dir, exist_ok=True)
         seeds = slice(c * args.num_seeds, (c + 1) * args.num_seeds)  # this configuration's

@@ -1,7 +1,7 @@
-"""The algorithm first: each training file (ppo, vpg, q_learning, pqn) opens with its algorithm,
-then a fence line, then the runner, the same in every file byte for byte. The runner opens with
-its contract, the names it reads from above the fence; it reads no other, and nothing above the
-fence uses the runner."""
+"""The algorithm first: each training file (ppo, vpg, q_learning, pqn, ppo_rnn) opens with its
+algorithm, then a fence line, then the runner, the same in every file byte for byte. The runner
+opens with its contract, the names it reads from above the fence; it reads no other, and nothing
+above the fence uses the runner."""
 import ast
 import contextlib
 import io
@@ -14,16 +14,20 @@ import numpy as np
 import pytest
 
 import ppo
+import ppo_rnn
 import pqn
 import q_learning as ql
 import vpg
 from conftest import ALGOS
 
 FENCE = re.compile(r"^# =+ runner$", re.M)
-# The most lines above the fence, of the runner and of a file (DEVELOPERS.md's budgets).
-ABOVE = {"ppo": 420, "vpg": 420, "q_learning": 450, "pqn": 420}
-RUNNER_LINES, FILE_LINES = 840, 1260
-MODULES = {"ppo": ppo, "vpg": vpg, "q_learning": ql, "pqn": pqn}
+# The most lines above the fence, of the runner and of a file: DEVELOPERS.md's 420 (q_learning
+# 450), 840 and 1260, but what issues 40-42 need, asked for in their notes: ppo.py's, vpg.py's and
+# ppo_rnn.py's algorithm 460 (a run over several devices: its means and keys), the runner 930
+# (PBT by evidence and lineage, the device mesh, a policy's memory), a file 1390.
+ABOVE = {"ppo": 460, "vpg": 460, "q_learning": 450, "pqn": 420, "ppo_rnn": 460}
+RUNNER_LINES, FILE_LINES = 930, 1390
+MODULES = {"ppo": ppo, "vpg": vpg, "q_learning": ql, "pqn": pqn, "ppo_rnn": ppo_rnn}
 
 
 def split(name, text=None):
@@ -101,7 +105,8 @@ def test_nothing_above_the_fence_uses_the_runner(name):
 def test_hooks(module):
     """The hooks have the shapes the contract states: SCORE ranks by the return or a SHOWN metric;
     ExtraFlags are switches apart from the hyperparameters; every HPARAMS flag is a float tuple
-    whose rule holds for its value and works on arrays; every int flag has a least value."""
+    whose rule holds for its value and works on arrays; an int flag below its least value (COUNTS,
+    else 1) is refused."""
     assert module.SCORE == "episode_return" or module.SCORE in module.SHOWN
     fields = {f.name: f for f in module.dataclasses.fields(module.Hyperparams)}
     for field in module.dataclasses.fields(module.ExtraFlags):
@@ -112,7 +117,11 @@ def test_hooks(module):
         values = np.array(getattr(args, name), np.float32)
         assert np.all(holds(values)) and all(holds(float(x)) for x in values), name
     ints = {name for name, f in fields.items() if f.type in (int, typing.Optional[int])}
-    assert ints == set(module.COUNTS)
+    assert ints and set(module.COUNTS) <= ints
+    for name in ints:
+        least = module.COUNTS.get(name, 1)
+        with pytest.raises(module.ArgError, match=f"--{name.replace('_', '-')} must be >= {least}"):
+            module.validate(module.Args(**{name: least - 1}))
     assert set(module.SIZE_FLAGS) <= set(fields)
 
 

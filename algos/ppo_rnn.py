@@ -1,0 +1,1388 @@
+"""Proximal Policy Optimization with a recurrent (GRU) policy in one fully jitted JAX file.
+
+ppo.py's PPO (Schulman et al. 2017, https://arxiv.org/abs/1707.06347) with a GRU between torso
+and heads, zeroed at each episode's start, for tasks whose observations do not show all a policy
+needs (PureJaxRL's ppo_rnn.py, CleanRL's ppo_atari_lstm.py). The update re-runs each env's rollout
+from its state at the rollout's start: a minibatch is a set of whole envs. All in one `jax.jit`:
+    python algos/ppo_rnn.py                              # CartPole-v1, 4 seeds, 300k steps each
+    python algos/ppo_rnn.py --env-id MemoryChain-bsuite  # recall a bit seen 5 steps before
+    python algos/ppo_rnn.py --mask-velocity              # CartPole-v1 without its velocities
+Expect (results/RNN.md): CartPole-v1 at 500 (without velocities, 430-500); MemoryChain-bsuite 1.
+"""
+
+# ============================================================================ imports
+import dataclasses
+from functools import partial
+from typing import Literal, NamedTuple, Optional
+
+import distrax
+import flax.linen as nn
+import gymnax
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from gymnax.environments import spaces
+from jax.flatten_util import ravel_pytree
+
+
+# ============================================================================ 1. hyperparameters
+@dataclasses.dataclass
+class Hyperparams:
+    env_id: str = "CartPole-v1"
+    """gymnax environment id (discrete or continuous action space)"""
+    mask_velocity: bool = False
+    """hide the velocities of CartPole-v1 or Pendulum-v1: a task that needs memory (POMDP)"""
+    total_timesteps: Optional[int] = None
+    """environment steps per run (rule: max(300k, 1.5 x episode limit x num_envs))"""
+    num_envs: Optional[int] = None
+    """parallel environments per seed"""
+    num_steps: Optional[int] = None
+    """steps per environment per rollout (rule: 2048 // num_envs clipped to [16, 128])"""
+    num_minibatches: Optional[int] = None
+    """minibatches of whole envs per epoch (rule: the largest divisor of num_envs <= 4)"""
+    update_epochs: Optional[int] = None
+    """passes over each batch"""
+    learning_rate: Optional[tuple[float, ...]] = None
+    """sweep: Adam step size, annealed linearly to 0 with --anneal-lr"""
+    anneal_lr: bool = True
+    """anneal the learning rate linearly to 0 over the run"""
+    gamma: Optional[tuple[float, ...]] = None
+    """sweep: discount factor"""
+    gae_lambda: Optional[tuple[float, ...]] = None
+    """sweep: lambda of GAE(lambda)"""
+    clip_coef: Optional[tuple[float, ...]] = None
+    """sweep: surrogate clipping epsilon"""
+    clip_vloss: bool = False
+    """clip the value loss around the behaviour values as in the PPO2 code"""
+    ent_coef: Optional[tuple[float, ...]] = None
+    """sweep: entropy bonus coefficient"""
+    vf_coef: tuple[float, ...] = (0.5,)
+    """sweep: value loss coefficient"""
+    max_grad_norm: tuple[float, ...] = (0.5,)
+    """sweep: global gradient-norm clip"""
+    network: Optional[Literal["mlp", "cnn"]] = None
+    """a dense layer on the flattened observation, or MinAtar's CNN, before the GRU"""
+    hidden_size: Optional[int] = None
+    """width of the dense layers and of the GRU's hidden state"""
+    activation: Optional[Literal["tanh", "relu"]] = None
+    """the dense layers' activation"""
+    normalize_obs: Optional[bool] = None
+    """running observation normalisation"""
+    normalize_reward: Optional[bool] = None
+    """scale rewards by a running std of the discounted return"""
+
+
+# The float hyperparameters (no shape nor loop length: train() traces them, a sweep is one program)
+UNIT, NON_NEGATIVE = ("in [0, 1]", lambda x: (0 <= x) & (x <= 1)), (">= 0", lambda x: x >= 0)
+POSITIVE = ("> 0", lambda x: x > 0)  # (a gradient clip of 0 would zero every step)
+HPARAMS = dict(learning_rate=POSITIVE, gamma=UNIT, gae_lambda=UNIT, ent_coef=NON_NEGATIVE,
+               clip_coef=NON_NEGATIVE, vf_coef=NON_NEGATIVE, max_grad_norm=POSITIVE)
+# Those whose scale is 1 - x (gamma's horizon is 1 / (1 - gamma)): --pbt moves 1 - x, not x.
+NEAR_ONE = ("gamma", "gae_lambda")
+COUNTS = {}  # the int flags that may be below 1 (all others: >= 1): none
+SIZE_FLAGS = ("num_envs", "num_steps")
+POSITIONS = {"CartPole-v1": [0, 2], "Pendulum-v1": [0, 1]}  # --mask-velocity's (as POPGym's)
+
+
+# ============================================================================ 2. environment
+class RunningStats(NamedTuple):
+    """Running mean and variance (parallel Welford), for observation and return normalisation."""
+    mean: jax.Array
+    var: jax.Array
+    count: jax.Array
+
+    def update(self, batch, psum=lambda x: x):
+        """The statistics with batch [n, ...] added: a device's share (psum adds the run's)."""
+        b_count = psum(batch.shape[0])
+        b_mean = psum(batch.sum(0)) / b_count
+        b_var = psum(((batch - b_mean) ** 2).sum(0)) / b_count
+        delta, total = b_mean - self.mean, self.count + b_count
+        mean = self.mean + delta * b_count / total
+        m2 = self.var * self.count + b_var * b_count + delta**2 * self.count * b_count / total
+        return RunningStats(mean, m2 / total, total)
+
+
+def normalize(obs, stats: RunningStats, enabled: bool):
+    return jnp.clip((obs - stats.mean) / jnp.sqrt(stats.var + 1e-8), -10, 10) if enabled else obs
+
+
+# ============================================================================ 3. network
+class MinAtarCNN(nn.Module):
+    """MinAtar's (Young & Tian 2019): 16 filters of 3x3, a dense layer of 128, relu, on [..., H, W,
+    C]; the convolution as a dense layer on 3x3 patches (vmapped, XLA's CPU one is slower)."""
+
+    @nn.compact
+    def __call__(self, x):
+        dense = lambda size: nn.Dense(size, kernel_init=nn.initializers.orthogonal(np.sqrt(2)))
+        h, w = x.shape[-3] - 2, x.shape[-2] - 2
+        x = nn.relu(dense(16)(jnp.concatenate([x[..., i:i + h, j:j + w, :]
+                                               for i in range(3) for j in range(3)], axis=-1)))
+        return nn.relu(dense(128)(x.reshape(*x.shape[:-3], -1)))
+
+
+@partial(nn.scan, variable_broadcast="params", split_rngs={"params": False}, in_axes=1, out_axes=1)
+def gru_over_steps(cell: nn.GRUCell, memory, inputs):
+    """The GRU over [N, T, ...] inputs; in the scan, zeroed where `first` [N, T] starts episodes"""
+    x, first = inputs
+    return cell(jnp.where(first[..., None], 0.0, memory), x)
+
+
+class ActorCritic(nn.Module):
+    """A torso (a dense layer or the MinAtarCNN), the GRU, heads of a dense layer (CNN: linear)."""
+    action_dim: int
+    continuous: bool
+    hidden_size: int = 64
+    network: str = "mlp"
+    activation: str = "tanh"
+
+    def setup(self):
+        dense = lambda size, scale: nn.Dense(size, kernel_init=nn.initializers.orthogonal(scale))
+        act, size = getattr(nn, self.activation), self.hidden_size
+        head = lambda: [] if self.network == "cnn" else [dense(size, np.sqrt(2)), act]
+        self.torso = MinAtarCNN() if self.network == "cnn" else nn.Sequential(head())
+        self.gru = nn.GRUCell(size)
+        self.actor = nn.Sequential(head() + [dense(self.action_dim, 0.01)])
+        self.critic = nn.Sequential(head() + [dense(1, 1.0)])
+        if self.continuous:
+            self.log_std = self.param("log_std", nn.initializers.zeros, (self.action_dim,))
+
+    def __call__(self, memory, obs, first):
+        """memory [N, hidden] before obs [N, T, ...], first [N, T] -> after; policy, value [N, T]"""
+        memory, features = gru_over_steps(self.gru, memory, (self.torso(obs), first))
+        out, value = self.actor(features), self.critic(features)[..., 0]
+        if self.continuous:
+            return memory, distrax.MultivariateNormalDiag(out, jnp.exp(self.log_std)), value
+        return memory, distrax.Categorical(logits=out), value
+
+
+# ============================================================================ 4. the update
+class Transition(NamedTuple):
+    obs: jax.Array           # normalised observation the action was chosen from
+    first: jax.Array         # obs is an episode's first: the GRU met it with a zero hidden state
+    action: jax.Array
+    log_prob: jax.Array      # behaviour log-probability
+    value: jax.Array         # V(obs) by the behaviour parameters
+    reward: jax.Array        # (scaled) reward used for learning
+    next_value: jax.Array    # V of the observation after the step, before any auto-reset
+    terminated: jax.Array
+    truncated: jax.Array
+
+
+class RunnerState(NamedTuple):
+    """What a run carries from one update to the next, and what a checkpoint holds."""
+    params: dict
+    opt_state: optax.OptState  # the optimiser itself is rebuilt from hp in every program
+    env_state: object
+    obs: jax.Array           # raw observations of the current step
+    first: jax.Array         # obs starts an episode (the last step ended one)
+    memory: jax.Array        # the GRU's hidden state before obs, [num_envs, hidden_size]
+    obs_stats: RunningStats
+    return_stats: RunningStats
+    discounted_return: jax.Array  # per env, for reward scaling
+    episode_return: jax.Array     # per env, undiscounted, for reporting
+    episode_length: jax.Array
+    key: jax.Array
+    updates_done: jax.Array
+
+
+def compute_gae(rewards, values, next_values, terminated, truncated, gamma, gae_lambda):
+    """GAE(lambda) over a [T, N] rollout by a reversed scan. next_values[t] is V of the observation
+    after step t *before* auto-reset, so a truncated step bootstraps from its true final
+    observation; a terminated step does not bootstrap; the advantage recursion stops at either."""
+    deltas = rewards + gamma * (1.0 - terminated) * next_values - values
+    masks = gamma * gae_lambda * (1.0 - jnp.maximum(terminated, truncated))
+
+    def step(adv_next, x):
+        delta, mask = x
+        adv = delta + mask * adv_next
+        return adv, adv
+
+    _, advantages = jax.lax.scan(step, jnp.zeros_like(deltas[0]), (deltas, masks), reverse=True)
+    return advantages, advantages + values
+
+
+def standardize(x, psum=lambda x: x):
+    """(x - mean) / std, over a device's share of a run's x when psum adds the shares."""
+    count = psum(x.size)
+    mean = psum(x.sum()) / count
+    return (x - mean) / (jnp.sqrt(psum(((x - mean) ** 2).sum()) / count) + 1e-8)
+
+
+def pmean_flat(tree, axis_name):
+    """jax.lax.pmean of a pytree as one flat array (XLA's CPU all-reduce meets once per array)."""
+    flat, unflatten = ravel_pytree(tree)
+    return unflatten(jax.lax.pmean(flat, axis_name))
+
+
+def loss_fn(params, network, hp, clip_vloss, memory, batch: Transition, advantages, targets):
+    """PPO's loss on a minibatch of whole envs ([envs, T]) re-run from their rollout-start memory,
+    its advantages standardized, and its statistics; hp holds clip_coef, vf_coef, ent_coef."""
+    _, dist, values = network.apply(params, memory, batch.obs, batch.first)
+    log_prob = dist.log_prob(batch.action)
+    log_ratio = log_prob - batch.log_prob
+    ratio = jnp.exp(log_ratio)
+    clip = hp["clip_coef"]
+    policy_loss = -jnp.minimum(ratio * advantages,
+                               jnp.clip(ratio, 1.0 - clip, 1.0 + clip) * advantages).mean()
+    if clip_vloss:
+        clipped = batch.value + jnp.clip(values - batch.value, -clip, clip)
+        value_loss = 0.5 * jnp.maximum((values - targets) ** 2, (clipped - targets) ** 2).mean()
+    else:
+        value_loss = 0.5 * ((values - targets) ** 2).mean()
+    entropy = dist.entropy().mean()
+    loss = policy_loss + hp["vf_coef"] * value_loss - hp["ent_coef"] * entropy
+    return loss, {"loss/policy": policy_loss, "loss/value": value_loss, "loss/entropy": entropy,
+                  "stats/approx_kl": ((ratio - 1.0) - log_ratio).mean(),
+                  "stats/clip_frac": (jnp.abs(ratio - 1.0) > clip).mean()}
+
+
+def make_train(args, axis=None):
+    """train(key, hp) -> (final RunnerState, metrics [num_updates]): one run as one program, its
+    HPARAMS hp traced; train.init, train.update, train.act: the runner's contract at the fence.
+    axis: the mesh axis that the run's envs are split over when it spans devices: each steps its
+    share, and the gradients and every statistic of the batch are the whole run's."""
+    env, env_params = gymnax.make(args.env_id)
+    action_space = env.action_space(env_params)
+    continuous = isinstance(action_space, spaces.Box)
+    # The MLP takes observations of any rank (MinAtar's grids) flattened; the CNN, images.
+    kept = POSITIONS[args.env_id] if args.mask_velocity else slice(None)
+    obs_shape = np.zeros(env.observation_space(env_params).shape)[..., kept].shape
+    obs_shape = obs_shape if args.network == "cnn" else (int(np.prod(obs_shape)),)
+    as_inputs = lambda obs: obs[..., kept].reshape(-1, *obs_shape).astype(jnp.float32)
+    action_dim = action_space.shape[0] if continuous else action_space.n
+    batch_size = args.num_envs * args.num_steps  # the run's (all devices')
+    num_updates = args.total_timesteps // batch_size
+    network = ActorCritic(action_dim, continuous, args.hidden_size, args.network, args.activation)
+
+    def over_devices(collective):  # over the run's devices (axis); nothing to do on one
+        return (lambda x: x) if axis is None else partial(collective, axis_name=axis)
+
+    psum, pmean = over_devices(jax.lax.psum), over_devices(pmean_flat)
+
+    def env_keys(key):  # a key for each env of the run, this device's envs' (one device: all)
+        keys = jax.random.split(key, args.num_envs)
+        if axis is None:
+            return keys
+        size = args.num_envs // jax.lax.axis_size(axis)
+        return jax.lax.dynamic_slice_in_dim(keys, jax.lax.axis_index(axis) * size, size)
+
+    def step(params, memory, obs, first):  # one step of N envs (obs [N, ...]): sequences of 1
+        memory, dist, value = network.apply(params, memory, obs[:, None], first[:, None])
+        return memory, dist[:, 0], value[:, 0]
+
+    def make_tx(hp):  # from this run's traced learning rate and gradient clip
+        lr, steps = hp["learning_rate"], num_updates * args.update_epochs * args.num_minibatches
+        return optax.chain(optax.clip_by_global_norm(hp["max_grad_norm"]), optax.adam(
+            optax.linear_schedule(lr, 0.0, steps) if args.anneal_lr else lr, eps=1e-5))
+
+    vstep = jax.vmap(env.step, in_axes=(0, 0, 0, None))
+    to_env = lambda action: (jnp.clip(action, action_space.low, action_space.high) if continuous
+                             else action)
+
+    def env_step(hp, runner: RunnerState, _):
+        obs_stats = (runner.obs_stats.update(runner.obs, psum) if args.normalize_obs
+                     else runner.obs_stats)
+        obs = normalize(runner.obs, obs_stats, args.normalize_obs)
+        key, k_act, k_env = jax.random.split(runner.key, 3)
+
+        def act_one(memory, obs, first, key):  # each env by a key of its own, however split
+            memory, dist, value = step(runner.params, memory[None], obs[None], first[None])
+            action, log_prob = dist.sample_and_log_prob(seed=key)
+            return memory[0], action[0], log_prob[0], value[0]
+
+        memory, action, log_prob, value = jax.vmap(act_one)(
+            runner.memory, obs, runner.first, env_keys(k_act))
+        next_obs, env_state, reward, terminated, truncated, info = vstep(
+            env_keys(k_env), runner.env_state, to_env(action), env_params)
+        done = jnp.logical_or(terminated, truncated)
+        terminated, truncated = terminated.astype(jnp.float32), truncated.astype(jnp.float32)
+        # Reward scaling divides by the std of the discounted return (as gym's NormalizeReward).
+        discounted_return = runner.discounted_return * hp["gamma"] + reward
+        return_stats = (runner.return_stats.update(discounted_return[:, None], psum)
+                        if args.normalize_reward else runner.return_stats)
+        scaled_reward = reward / jnp.sqrt(return_stats.var[0] + 1e-8) if args.normalize_reward \
+            else reward
+        episode_return = runner.episode_return + reward
+        episode_length = runner.episode_length + 1
+        # V(final obs) by the episode's memory, before the reset (PureJaxRL's ignores truncation)
+        final_obs = normalize(as_inputs(info["final_observation"]), obs_stats, args.normalize_obs)
+        next_value = step(runner.params, memory, final_obs, jnp.zeros_like(done))[2]
+        transition = Transition(obs, runner.first, action, log_prob, value, scaled_reward,
+                                next_value, terminated, truncated)
+        finished = (done.sum(), (episode_return * done).sum(), (episode_length * done).sum())
+        runner = runner._replace(
+            env_state=env_state, obs=as_inputs(next_obs), first=done, memory=memory,
+            obs_stats=obs_stats, return_stats=return_stats,
+            discounted_return=jnp.where(done, 0.0, discounted_return),
+            episode_return=jnp.where(done, 0.0, episode_return),
+            episode_length=jnp.where(done, 0, episode_length), key=key)
+        return runner, (transition, finished)
+
+    def update_minibatch(hp, tx, carry, minibatch):
+        params, opt_state = carry
+        grads, stats = jax.grad(loss_fn, has_aux=True)(params, network, hp, args.clip_vloss,
+                                                       *minibatch)
+        updates, opt_state = tx.update(pmean(grads), opt_state, params)
+        return (optax.apply_updates(params, updates), opt_state), stats
+
+    def update_epoch(hp, tx, carry, _):
+        params, opt_state, batch, key = carry
+        key, k_perm = jax.random.split(key)
+        perm = jax.random.permutation(k_perm, len(batch[0]))  # this device's envs, whole
+        memory, traj, advantages, targets = jax.tree.map(
+            lambda x: x[perm].reshape(args.num_minibatches, -1, *x.shape[1:]), batch)
+        # Each minibatch's advantages standardized over it (all the run's devices' shares: here,
+        # for all minibatches at once, not a collective in each step)
+        advantages = jax.vmap(partial(standardize, psum=psum))(advantages)
+        minibatches = (memory, traj, advantages, targets)
+        (params, opt_state), stats = jax.lax.scan(partial(update_minibatch, hp, tx),
+                                                  (params, opt_state), minibatches)
+        return (params, opt_state, batch, key), stats
+
+    def update(hp, runner: RunnerState):
+        """One rollout of num_steps in every env, then update_epochs passes of minibatch steps."""
+        memory = runner.memory  # each env's state at the rollout's start: its re-run's start
+        runner, (traj, finished) = jax.lax.scan(partial(env_step, hp), runner, None,
+                                                args.num_steps)
+        advantages, targets = compute_gae(traj.reward, traj.value, traj.next_value, traj.terminated,
+                                          traj.truncated, hp["gamma"], hp["gae_lambda"])
+        batch = (memory, *jax.tree.map(lambda x: x.swapaxes(0, 1), (traj, advantages, targets)))
+        key, k_epochs = jax.random.split(runner.key)
+        (params, opt_state, _, _), stats = jax.lax.scan(
+            partial(update_epoch, hp, make_tx(hp)),
+            (runner.params, runner.opt_state, batch, k_epochs), None, args.update_epochs)
+        runner = runner._replace(params=params, opt_state=opt_state, key=key,
+                                 updates_done=runner.updates_done + 1)
+        count, return_sum, length_sum = psum(jax.tree.map(lambda x: x.sum(), finished))
+        metrics = pmean({k: v.mean() for k, v in stats.items()})
+        metrics["env_steps"] = runner.updates_done * batch_size
+        metrics["episode_return"] = jnp.where(count > 0, return_sum / count, jnp.nan)
+        metrics["episode_length"] = jnp.where(count > 0, length_sum / count, jnp.nan)
+        # The rate in force at the update's first step (make_tx's schedule, before this update)
+        annealed = 1 - (runner.updates_done - 1) / num_updates if args.anneal_lr else 1
+        metrics["charts/learning_rate"] = hp["learning_rate"] * annealed
+        return runner, metrics
+
+    initial_memory = lambda n: jnp.zeros((n, args.hidden_size))  # as at an episode's first step
+
+    def init(key, hp) -> RunnerState:
+        k_init, k_env, k_run = jax.random.split(key, 3)
+        params = network.init(k_init, initial_memory(1), jnp.zeros((1, 1, *obs_shape)),
+                              jnp.ones((1, 1), bool))
+        obs, env_state = jax.vmap(env.reset, in_axes=(0, None))(env_keys(k_env), env_params)
+        stats = lambda shape: RunningStats(jnp.zeros(shape), jnp.ones(shape), jnp.asarray(1e-4))
+        envs = len(obs)  # this device's
+        return RunnerState(
+            params=params, opt_state=make_tx(hp).init(params), env_state=env_state,
+            obs=as_inputs(obs), first=jnp.ones(envs, bool), memory=initial_memory(envs),
+            obs_stats=stats(obs_shape), return_stats=stats((1,)),
+            discounted_return=jnp.zeros(envs), episode_return=jnp.zeros(envs), key=k_run,
+            updates_done=jnp.int32(0), episode_length=jnp.zeros(envs, jnp.int32))
+
+    def act(runner: RunnerState, obs, memory, key=None):
+        """Actions for raw observations [N, ...], normalisation frozen: sampled, or greedy."""
+        obs = normalize(as_inputs(obs), runner.obs_stats, args.normalize_obs)
+        memory, dist, _ = step(runner.params, memory, obs, jnp.zeros(len(obs), bool))
+        return to_env(dist.mode() if key is None else dist.sample(seed=key)), memory
+
+    def train(key, hp):
+        return jax.lax.scan(lambda runner, _: update(hp, runner), init(key, hp), None,
+                            num_updates)
+
+    train.init, train.update, train.act, train.num_updates = init, update, act, num_updates
+    train.initial_memory = initial_memory
+    return train
+
+
+# ============================================================================ 5. presets
+# Presets: what each sets for a flag left unset (None) and where it comes from. An env without an
+# entry takes its action space's (discrete, box); what neither sets follows the rules of `resolve`.
+# Discrete: ppo.py's CartPole-v1 preset at lr 5e-3: 500 on 12 of 12 seeds (at its 2.5e-3: 1 of 4)
+DISCRETE = dict(num_envs=32, update_epochs=4, learning_rate=5e-3, gamma=0.99, gae_lambda=0.95,
+                clip_coef=0.1, ent_coef=0.01, network="mlp", hidden_size=64, activation="tanh",
+                normalize_obs=False, normalize_reward=False)
+# Continuous: ppo.py's Pendulum-v1 preset; -171 at 300k steps with --mask-velocity (4 seeds).
+# CartPole-v1 without velocities: greedy 428-500 at 1M; MemoryChain-bsuite: greedy 1 on 8 of 8 seeds
+CONTINUOUS = dict(DISCRETE, num_envs=16, num_steps=256, update_epochs=10, learning_rate=1e-3,
+                  gamma=0.95, clip_coef=0.2, ent_coef=0.0, total_timesteps=300_000,
+                  normalize_obs=True, normalize_reward=True)
+PRESETS = {"discrete": DISCRETE, "box": CONTINUOUS, "CartPole-v1": DISCRETE,
+           "Pendulum-v1": CONTINUOUS, "MemoryChain-bsuite": dict(DISCRETE, total_timesteps=100_000),
+           "CartPole-v1 --mask-velocity": dict(DISCRETE, total_timesteps=1_000_000)}
+
+
+def resolve(args):
+    """Unset (None) flags from the preset of --env-id, then the rules; ValueError on a bad flag."""
+    try:  # an unknown id, or an env that cannot be built here (MNISTBandit-bsuite downloads data)
+        env, env_params = gymnax.make(args.env_id)
+    except Exception as e:
+        raise ValueError(f"--env-id {args.env_id!r} cannot be built: {e!r}".splitlines()[0])
+    if not isinstance(space := env.action_space(env_params), (spaces.Discrete, spaces.Box)):
+        raise ValueError(f"--env-id {args.env_id!r} has an action space PPO here does not handle")
+    if args.mask_velocity and args.env_id not in POSITIONS:
+        raise ValueError(f"--mask-velocity hides velocities of {' and '.join(POSITIONS)} only")
+    preset = PRESETS.get(args.env_id, PRESETS[type(space).__name__.lower()])
+    preset = PRESETS.get(f"{args.env_id} --mask-velocity", preset) if args.mask_velocity else preset
+    args = dataclasses.replace(args, **{k: (v,) if k in HPARAMS else v
+                                        for k, v in preset.items() if getattr(args, k) is None})
+    num_steps = args.num_steps or int(np.clip(2048 // args.num_envs, 16, 128))
+    batch_size = args.num_envs * num_steps
+    args = dataclasses.replace(
+        args, num_steps=num_steps,
+        # An env needs a whole episode (500 steps in CartPole-v1) before it reports a return.
+        total_timesteps=args.total_timesteps or max(
+            300_000, int(1.5 * env_params.max_steps_in_episode * args.num_envs)),
+        num_minibatches=args.num_minibatches or max(
+            d for d in range(1, 5) if args.num_envs % d == 0))
+    if args.num_envs % args.num_minibatches:  # a minibatch holds whole envs' sequences
+        raise ValueError(f"--num-minibatches {args.num_minibatches} must divide --num-envs "
+                         f"{args.num_envs} (minibatches split the envs, not their steps)")
+    if args.total_timesteps < batch_size:
+        raise ValueError(f"--total-timesteps {args.total_timesteps} is less than one batch "
+                         f"(num_envs * num_steps = {batch_size})")
+    if args.network == "cnn" and len(shape := env.observation_space(env_params).shape) != 3:
+        raise ValueError(f"--network cnn needs image observations; {args.env_id}'s are {shape}")
+    return args
+
+
+# ============================================================================ 6. hooks
+# The runner's hooks (its contract at the fence), beside COUNTS and SIZE_FLAGS above: what a run
+# over several devices splits, XLA's options (LLVM -O1 compiles faster, as fast a program), the
+# ranking metric, the shown ones, the saved model (all act reads), no switches of its own.
+SPLIT = "num_envs"
+COMPILER_OPTIONS = {"xla_backend_optimization_level": 1}
+SCORE, SHOWN = "episode_return", {}  # SHOWN: metric -> format
+saved_model = lambda state: {"params": state.params, "obs_mean": state.obs_stats.mean,
+                             "obs_var": state.obs_stats.var}
+ExtraFlags, draw = dataclasses.make_dataclass("ExtraFlags", []), lambda folder, args, state: []
+
+
+# ============================================================================ runner
+# The same in every file that trains, byte for byte (a test compares them): a sweep of
+# make_train's program and all around it. It reads these names from above the fence, no other:
+#   Hyperparams       dataclass: the algorithm's flags, env_id first, each field's docstring its
+#                     --help; resolve fills a field left None.
+#   HPARAMS           {flag: (rule text, rule)}: the float flags the program traces, typed
+#                     tuple[float, ...], several values a sweep; rule(x) -> bool, on arrays too.
+#   NEAR_ONE          the HPARAMS flags whose scale is 1 - x (discounts): --pbt perturbs 1 - x.
+#   COUNTS            {flag: least value} of the int flags that may be below 1 (others: >= 1).
+#   SPLIT             the int flag whose count a run spanning devices shares out (its envs).
+#   SIZE_FLAGS        the flags that set a run's memory, named when it does not fit.
+#   resolve(args)     -> args, every None filled (presets, rules); ValueError names a bad flag.
+#   make_train(args, axis=None) -> train(key, hp) -> (state, metrics): one run, hp {HPARAMS flag:
+#                     traced float32}; with axis (a mesh axis over the devices of a run), each
+#                     device's program: its share of SPLIT, means over the whole run's.
+#                     train.init(key, hp) -> state, a NamedTuple (its field `key`: the run's PRNG
+#                     key, which --pbt renews); train.update(hp, state) -> (state, metrics);
+#                     train.num_updates; for evaluation and GIFs, train.act(state, obs, memory,
+#                     key=None) -> (actions, memory) for raw observations, greedy or with a key
+#                     exploring, memory what the policy carries from one step of an episode to
+#                     the next ([N, ...] leaves; () without), at its start train.initial_memory(N).
+#                     metrics {name: scalar}: env_steps, episode_return and episode_length (mean
+#                     over the episodes ended in the update, NaN if none); tags: episode_* ->
+#                     charts/episodic_*, loss/x -> losses/x.
+#   COMPILER_OPTIONS  XLA's options for the compiled programs.
+#   SCORE, SHOWN      the metric ranking a sweep's configurations; {metric: format} to show.
+#   saved_model(state) -> {name: leaves}: all act reads; --save-model writes, --load-model reads it.
+#   ExtraFlags, draw  the file's own switches (a dataclass); draw(folder, args, state) -> [paths]
+#                     of its own pictures of one trained configuration.
+#   and the algorithm's imports of partial, jnp and np (which the runner uses too).
+import dataclasses
+import hashlib
+import itertools
+import json
+import os
+import shutil
+import signal
+import socket
+import sys
+import tempfile
+import threading
+import time
+import typing
+from typing import Optional
+
+import flax.serialization
+import jax
+import jax.extend
+import tyro
+from jax.experimental import multihost_utils
+from jax.experimental.compilation_cache import compilation_cache
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+from tensorboard.compat.proto.event_pb2 import Event, SessionLog
+from tensorboard.compat.proto.summary_pb2 import Summary
+from tensorboard.plugins.text.summary_v2 import text_pb
+from tensorboard.summary.writer.event_file_writer import EventFileWriter
+
+
+# ---------------------------------- flags: the runner's beside the file's, checked before compiling
+@dataclasses.dataclass
+class Args(Hyperparams, ExtraFlags):
+    exp_name: str = os.path.basename(__file__)[: -len(".py")]
+    """name of this experiment (part of the run directory name)"""
+    seed: int = 1
+    """base seed: seed k of the sweep uses the k-th split of PRNGKey(seed)"""
+    num_seeds: int = 4
+    """independent runs side by side: vmap per device, over all the devices (on CPU, cores)"""
+    track: bool = True
+    """write tensorboard event files under --log-dir"""
+    log_dir: str = "runs"
+    """root of the run directories"""
+    save_model: bool = False
+    """write the final model of every run to model.msgpack in the run directory"""
+    capture_gif: bool = False
+    """after training, draw an episode of the first seed's greedy policy (gymnax's envs)"""
+    eval_episodes: int = 64
+    """after training, fresh episodes of each run's policy, greedy and exploring (where it acts)"""
+    eval_every_segment: bool = False
+    """evaluate after every segment too (tensorboard: eval/episodic_return_greedy, _sampled)"""
+    load_model: Optional[str] = None
+    """a model.msgpack (--save-model): no training; evaluate its policies (and --capture-gif)"""
+    compile_cache_dir: str = os.environ.get("JAX_COMPILATION_CACHE_DIR",
+                                            os.path.expanduser("~/.cache/jax"))
+    """persistent compilation cache, so a rerun skips most of the compile ("" turns it off)"""
+    resume: Optional[str] = None
+    """RUN_DIR of a stopped run: continue it to what the uninterrupted run computes"""
+    num_segments: Optional[int] = None
+    """calls of the compiled program, each followed by progress, events and a checkpoint"""
+    distributed: bool = False
+    """one of several processes (jax.distributed), which split the runs (implied by the next 3)"""
+    coordinator_address: Optional[str] = None
+    """--distributed: HOST:PORT of process 0; unset: detected (e.g. under SLURM or Open MPI)"""
+    num_processes: Optional[int] = None
+    """--distributed: how many processes take part; unset: detected"""
+    process_id: Optional[int] = None
+    """--distributed: this process's index, 0 to num_processes - 1; unset: detected"""
+    devices_per_run: Optional[int] = None
+    """devices one run spans (its envs split, its gradients averaged); unset: runs fill the
+    devices, and each spans several when there are fewer runs than devices"""
+    pbt: bool = False
+    """population-based training: the sweep's runs copy better ones and perturb the swept floats
+    (x0.8 or x1.25; a discount's 1 - x; a 0 stays 0)"""
+    pbt_every: int = 1
+    """--pbt: segments between two steps of the population"""
+    pbt_fraction: float = 0.25
+    """--pbt: the bottom fraction copies a better member of the top one, in (0, 0.5]"""
+
+
+class ArgError(ValueError):
+    """A flag broke a rule: reported as one line with exit status 2, before anything compiles."""
+
+
+flag = lambda name: "--" + name.replace("_", "-")
+
+
+def grid(args: Args) -> list:
+    """Every combination of the HPARAMS values (the first flag varies slowest)."""
+    return [dict(zip(HPARAMS, v)) for v in itertools.product(*(getattr(args, k) for k in HPARAMS))]
+
+
+RUNNER_COUNTS = dict(eval_episodes=0, process_id=0)  # the runner's ints that may be below 1
+
+
+def validate(args: Args) -> Args:
+    """Check every flag (an int: >= 1 or its least value in COUNTS and RUNNER_COUNTS; --seed any)
+    and resolve the unset ones (the file's `resolve`), before any compile."""
+    least = {**COUNTS, **RUNNER_COUNTS, "seed": -np.inf}
+    for name, value in vars(args).items():
+        if type(value) is int and value < least.get(name, 1):
+            raise ArgError(f"{flag(name)} must be >= {least.get(name, 1)} (got {value})")
+    for name, (rule, holds) in HPARAMS.items():
+        for x in getattr(args, name) or ():
+            if not holds(x):
+                raise ArgError(f"{flag(name)} must be {rule} (got {x})")
+    try:
+        args = resolve(args)
+    except ValueError as e:
+        raise ArgError(str(e)) from None
+    if not 0 < args.pbt_fraction <= 0.5:
+        raise ArgError(f"--pbt-fraction must be in (0, 0.5] (got {args.pbt_fraction})")
+    if args.pbt and len(grid(args)) * args.num_seeds < 2:
+        raise ArgError("--pbt needs a population of 2 runs or more (configurations x seeds)")
+    if args.capture_gif:  # gymnax's drawing of the env (classic control's pygame: headless)
+        for device in ("SDL_VIDEODRIVER", "SDL_AUDIODRIVER"):
+            os.environ.setdefault(device, "dummy")
+        import gymnax
+        from gymnax.visualize import Visualizer
+        try:
+            env, env_params = gymnax.make(args.env_id)
+            gif = Visualizer(env, env_params, [env.reset(jax.random.PRNGKey(0), env_params)[1]])
+            gif.init()
+            if not hasattr(gif, "im"):
+                raise ValueError("gymnax has no drawing of it")
+        except Exception as e:
+            raise ArgError(f"--capture-gif cannot draw {args.env_id} here: "
+                           f"{str(e).splitlines()[0]}") from None
+    runs_steps = args.total_timesteps * len(grid(args)) * args.num_seeds
+    return dataclasses.replace(args, num_segments=args.num_segments or max(  # one per 2^24 steps
+        10, -(-runs_steps // 2**24)))
+
+
+def parse(argv) -> Args:
+    """The command line as Args; --help shows what a flag left to resolve is on the default env."""
+    one_value = {flag(f.name) for f in dataclasses.fields(Args)
+                 if "tuple" not in str(f.type) and f.type is not bool}
+    for i, name in enumerate(argv):  # tyro would blame the second value as an unknown option
+        values = itertools.takewhile(lambda v: not v.startswith("--"), argv[i + 1:])
+        if name in one_value and len(list(values)) > 1:
+            raise ArgError(f"{name} takes one value (only the swept floats, HPARAMS, take more)")
+    shown, hinted, file = validate(Args()), [], os.path.basename(__file__)
+    algorithm_flags = {f.name for f in dataclasses.fields(Hyperparams)}
+    for field in (f for f in dataclasses.fields(Args) if f.default is None):
+        value = getattr(shown, field.name)
+        value = value[0] if isinstance(value, tuple) and len(value) == 1 else value
+        where = f"; per env: PRESETS in {file}" if field.name in algorithm_flags else ""
+        hint = f"(default: {value} on {shown.env_id}{where})" if value is not None else None
+        config = tyro.conf.arg(help_behavior_hint=hint or "(default: unset)")
+        hinted.append((field.name, typing.Annotated[field.type, config],
+                       dataclasses.field(default=None)))
+    typed = tyro.cli(dataclasses.make_dataclass("Args", hinted, bases=(Args,)), args=argv,
+                     description=f"{__doc__.split(chr(10) * 2)[0]}\n\nThe algorithm's flags "
+                     "come first; the runner's from --exp-name on.")
+    return Args(**{f.name: getattr(typed, f.name) for f in dataclasses.fields(Args)})
+
+
+# ---------------------------------- processes: a device per core, --distributed joins the others
+EVENTS = []  # JAX's: a cache hit among those of a compile says where the program came from
+jax.monitoring.register_event_listener(lambda event, **_: EVENTS.append(event))
+JOIN_TIMEOUT_S = 60  # --distributed: a process that has not joined the others by then fails
+
+
+def meet(args: Args):
+    """Before JAX joins the processes (it aborts one whose peers never come), process 0 waits for
+    a knock of every other one, who knock until it answers; after JOIN_TIMEOUT_S, one line."""
+    host, _, port = args.coordinator_address.rpartition(":")
+    deadline, joined = time.time() + JOIN_TIMEOUT_S, 0
+    try:
+        if args.process_id == 0:
+            with socket.create_server(("", int(port))) as server:
+                server.settimeout(JOIN_TIMEOUT_S)
+                for joined in range(args.num_processes - 1):
+                    server.accept()[0].close()
+        while args.process_id:  # the others knock until process 0 answers
+            with socket.socket() as knock:
+                if knock.connect_ex((host, int(port))) == 0:
+                    break
+            if time.time() > deadline:
+                raise OSError(f"nothing answered within {JOIN_TIMEOUT_S} s")
+            time.sleep(1)
+    except TimeoutError:
+        raise ArgError(f"--coordinator-address {args.coordinator_address}: {joined} of the "
+                       f"{args.num_processes - 1} other processes joined within "
+                       f"{JOIN_TIMEOUT_S} s") from None
+    except (OSError, ValueError) as e:
+        raise ArgError(f"--coordinator-address {args.coordinator_address}: {e}") from None
+
+
+def start_processes(args: Args):
+    """--distributed (implied by its three flags): join the others."""
+    if not (args.distributed or args.coordinator_address or args.num_processes
+            or args.process_id is not None):
+        return
+    if args.coordinator_address and 0 <= (args.process_id or 0) < (args.num_processes or 0):
+        meet(args)  # (an id out of range, or no count: JAX's own immediate error below)
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")  # collectives on CPU
+    jax.extend.backend.clear_backends()  # started by the checks (gymnax): JAX must join first
+    try:
+        jax.distributed.initialize(args.coordinator_address, args.num_processes, args.process_id,
+                                   initialization_timeout=JOIN_TIMEOUT_S)
+    except ValueError as e:  # JAX's own checks: no address or count given or found, id range
+        raise ArgError(f"--distributed: {e}") from None
+
+
+# ----------------------- the sweep: segments of one program over the devices, PBT between them
+# The devices form a mesh: "runs" splits the sweep's runs into groups of devices, "batch" a run's
+# SPLIT (its envs) over the devices of its group; the gradients and statistics of such a run are
+# averaged over them (make_train's axis). A state leaf is [runs, ...] as one device holds it.
+def layout(args: Args, limit: Optional[int] = None) -> tuple:
+    """(groups, span): the runs over `groups` groups of `span` devices each, every process lending
+    as many (<= limit): the most devices, then the most groups (the fewest collectives). A span
+    must split a run's SPLIT into valid runs; --devices-per-run sets it. ArgError if none fits."""
+    runs, processes = len(grid(args)) * args.num_seeds, jax.process_count()
+    local = min(limit or jax.local_device_count(), jax.local_device_count())
+    reasons = {span: why_not_split(args, span) for span in range(1, processes * local + 1)}
+    fits = []
+    for groups in (g for g in range(1, runs + 1) if runs % g == 0):
+        for span in range(1, processes * local // groups + 1):
+            lent, apart = divmod(groups * span, processes)  # the devices each process lends
+            whole = lent and (lent % span == 0 or span % lent == 0)  # a run on whole processes
+            if not (apart or reasons[span]) and whole and args.devices_per_run in (None, span):
+                fits.append((groups * span, groups, span))
+    if fits:
+        return max(fits)[1:]
+    if reasons.get(args.devices_per_run):
+        raise ArgError(f"--devices-per-run {args.devices_per_run}: {reasons[args.devices_per_run]}")
+    raise ArgError(f"{runs} runs (configurations x seeds) of {flag(SPLIT)} {getattr(args, SPLIT)} "
+                   f"do not split over {processes} processes x {local} devices"
+                   + (f" with --devices-per-run {args.devices_per_run}" if args.devices_per_run
+                      else ""))
+
+
+def why_not_split(args: Args, span: int) -> Optional[str]:
+    """Why a run's SPLIT cannot be shared out over `span` devices (each share a valid run)."""
+    count = getattr(args, SPLIT)
+    if count % span:
+        return f"{flag(SPLIT)} {count} does not split into {span} equal shares"
+    try:
+        resolve(dataclasses.replace(args, **{SPLIT: count // span}))
+    except ValueError as e:
+        return f"a device's share of a run: {e}"
+
+
+def state_specs(args: Args, span: int, key, hp):
+    """A PartitionSpec per state leaf: [runs, ...] over "runs" and, where a device holds only its
+    share of the run's (a leaf smaller in a run of its share of SPLIT), that axis over "batch"."""
+    share = dataclasses.replace(args, **{SPLIT: getattr(args, SPLIT) // span})
+    whole, part = (jax.eval_shape(make_train(run).init, key, hp) for run in (args, share))
+
+    def spec(whole, part):
+        split = [i for i, (a, b) in enumerate(zip(whole.shape, part.shape)) if a != b]
+        return P("runs", *[None] * split[0], "batch") if split else P("runs")
+
+    return jax.tree.map(spec, whole, part)
+
+
+def on_mesh(mesh, tree, specs):
+    """Host arrays (the same in every process) as the mesh's global arrays, laid out by specs (a
+    PartitionSpec per leaf, or one for a whole subtree)."""
+    def put(spec, subtree):
+        return jax.tree.map(lambda x: jax.make_array_from_callback(
+            np.shape(x), NamedSharding(mesh, spec), lambda index: np.asarray(x)[index]), subtree)
+
+    return jax.tree.map(put, specs, tree)
+
+
+def to_host(mesh, tree):
+    """numpy leaves of every process's runs (several processes: one program gathers them all)."""
+    if jax.process_count() > 1:
+        tree = jax.jit(lambda x: x, out_shardings=NamedSharding(mesh, P()))(tree)
+    return jax.device_get(tree)
+
+
+def compile_sweep(args: Args, mesh, specs, train, keys, hp, resuming: bool):
+    """(run_init, run_segment: (hp, state, valid) -> (state, metrics [runs, length]), length):
+    one program over the mesh each, vmap over a device's runs, compiled before anything runs."""
+    length = -(-train.num_updates // args.num_segments)  # the last segment may run fewer
+
+    def one_segment(hp, state, valid):
+        """`length` updates, the first `valid` (traced) taken: the last, shorter segment too."""
+        update = partial(train.update, hp)
+
+        def skip(state):  # the state as it is, and metrics of zeros
+            shapes = jax.eval_shape(update, state)[1]
+            return state, jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), shapes)
+
+        def step(state, i):
+            state, metrics = jax.lax.cond(i < valid, update, skip, state)
+            if args.pbt:  # the values in force (the schedule, what --resume continues with)
+                metrics.update({f"hp/{k}": v for k, v in hp.items()})
+                metrics["pbt/copied_from"] = jnp.float32(jnp.nan)  # set after a population step
+            return state, metrics
+
+        return jax.lax.scan(step, state, jnp.arange(length))
+
+    # (Not checked by JAX: that what is the same on every device of a run, as its params, stays so.
+    # make_train does; JAX's check would reject, among others, a scan from a constant carry.)
+    over_mesh = partial(jax.shard_map, mesh=mesh, check_vma=False)
+    run_init = jax.jit(over_mesh(jax.vmap(train.init), in_specs=P("runs"), out_specs=specs))
+    run_segment = jax.jit(over_mesh(jax.vmap(one_segment, in_axes=(0, 0, None)),
+                                    in_specs=(P("runs"), specs, P()),
+                                    out_specs=(specs, P("runs"))), donate_argnums=1)
+    shaped = lambda x, spec: jax.ShapeDtypeStruct(x.shape, x.dtype,
+                                                  sharding=NamedSharding(mesh, spec))
+    keys, hp = shaped(keys, P("runs")), jax.tree.map(lambda x: shaped(x, P("runs")), hp)
+    state = jax.tree.map(shaped, jax.eval_shape(run_init, keys, hp), specs)
+    run_segment = run_segment.lower(hp, state, shaped(np.int32(0), P())).compile(COMPILER_OPTIONS)
+    run_init = None if resuming else run_init.lower(keys, hp).compile(COMPILER_OPTIONS)
+    return run_init, run_segment, length
+
+
+def device_mesh(args: Args, num_devices: Optional[int] = None) -> Mesh:
+    """layout(args)'s mesh: its groups of devices ("runs") x each group's span ("batch"), every
+    process lending its first devices (a run's are consecutive: on one process, or on several)."""
+    groups, span = layout(args, num_devices)
+    lent = groups * span // jax.process_count()
+    by_process = [sorted((d for d in jax.devices() if d.process_index == p), key=lambda d: d.id)
+                  for p in range(jax.process_count())]
+    return Mesh(np.array([d[:lent] for d in by_process]).reshape(groups, span), ("runs", "batch"))
+
+
+def pbt_step(args: Args, explore, state, hp, metrics, first: int, length: int, num_updates: int):
+    """(state, hp, copied_from) for the segment from update `first`, after a step of the population
+    if one is due (every --pbt-every segments of `length` updates), else copied_from None. Fitness:
+    SCORE's mean since the last step, NaN without evidence (the run sits the step out)."""
+    if not args.pbt or (first // length) % args.pbt_every or first >= num_updates:
+        return state, hp, None
+    with np.errstate(all="ignore"):
+        fitness = np.nanmean(metrics[SCORE][:, max(0, first - length * args.pbt_every):first], 1)
+    key = jax.random.fold_in(jax.random.PRNGKey(args.seed), first)  # the same on --resume
+    return jax.device_get(explore(state, hp, fitness, key))
+
+
+def segments(args: Args, num_devices: Optional[int] = None, start=None):
+    """Train grid(args) x seeds (seed k: the k-th split of PRNGKey(args.seed)) in num_segments
+    calls of one program over the devices (device_mesh), PBT between two; from `start`, a
+    checkpoint's (state, metrics), on --resume. Yields after each (state, metrics [runs, updates
+    so far], timing), all the processes' runs; the next segment runs while the caller writes."""
+    configs, seeds, runs = grid(args), args.num_seeds, len(grid(args)) * args.num_seeds
+    mesh = device_mesh(args, num_devices)
+    span, on_runs = mesh.shape["batch"], partial(on_mesh, mesh, specs=P("runs"))
+    keys = jnp.tile(jax.random.split(jax.random.PRNGKey(args.seed), seeds), (len(configs), 1))
+    hp_runs = {k: np.repeat(np.float32([c[k] for c in configs]), seeds) for k in HPARAMS}
+    train = make_train(args, "batch" if span > 1 else None)
+    specs = state_specs(args, span, keys[0], {k: v[0] for k, v in hp_runs.items()})
+    t0, seen = time.perf_counter(), len(EVENTS)  # a cache hit from here on is training's
+    run_init, run_segment, length = compile_sweep(args, mesh, specs, train, keys, hp_runs,
+                                                  resuming=start is not None)
+    check_memory(args, [p for p in (run_init, run_segment) if p], mesh.size // jax.process_count())
+    compile_s, cached = time.perf_counter() - t0, any(e.endswith("hits") for e in EVENTS[seen:])
+    population = partial(pbt_step, args, jax.jit(partial(exploit_and_explore, args)),
+                         length=length, num_updates=train.num_updates)
+    if start is None:
+        state, metrics = run_init(on_runs(keys), on_runs(hp_runs)), None
+    else:  # a checkpoint's leaves are [runs, ...] as one device holds them, whatever the layout
+        saved_state, metrics = start
+        try:
+            state = flax.serialization.from_state_dict(
+                jax.eval_shape(jax.vmap(make_train(args).init), keys, hp_runs), saved_state)
+        except (ValueError, KeyError) as e:
+            raise ArgError(f"--resume: the checkpoint's state does not fit this file's ({e})")
+        if args.pbt:  # those of the last segment; the population steps on as it would have
+            hp_runs = {k: metrics[f"hp/{k}"][:, -1] for k in HPARAMS}
+            state, hp_runs, _ = population(state, hp_runs, metrics, metrics["env_steps"].shape[1])
+        state = on_mesh(mesh, state, specs)
+    done = 0 if metrics is None else metrics["env_steps"].shape[1]
+    steps_before = 0 if done == 0 else metrics["env_steps"][0, done - 1]
+    valid = lambda first: on_mesh(mesh, np.int32(min(length, train.num_updates - first)), P())
+    t_start = time.perf_counter()
+    out = run_segment(on_runs(hp_runs), state, valid(done))
+    for first in range(done, train.num_updates, length):
+        state, new = to_host(mesh, out)  # (this waits for the segment)
+        new = jax.tree.map(lambda x: x[:, :min(length, train.num_updates - first)], new)
+        metrics = new if metrics is None else jax.tree.map(
+            lambda a, b: np.concatenate([a, b], axis=1), metrics, new)
+        following = out[0]  # the next segment runs while the host writes this one
+        stepped, hp_runs, copied = population(state, hp_runs, metrics, first + length)
+        if copied is not None:  # (the next segment waits for it); the sources at the last update
+            following = on_mesh(mesh, stepped, specs)
+            column = np.where(copied < 0, np.nan, copied)[:, None]
+            metrics["pbt/copied_from"] = np.hstack([metrics["pbt/copied_from"][:, :-1], column])
+        if first + length < train.num_updates:
+            out = run_segment(on_runs(hp_runs), following, valid(first + length))
+        run_s = time.perf_counter() - t_start
+        yield state, metrics, {
+            "compile_s": compile_s, "run_s": run_s, "cached": cached, "first": first,
+            "num_updates": train.num_updates, "devices": mesh.size, "span": span,
+            "sps": runs * float(metrics["env_steps"][0, -1] - steps_before) / run_s}
+
+
+def check_memory(args: Args, programs, devices: int):
+    """Refuse programs whose memory (XLA's estimate) exceeds what this process can have."""
+    need = max(m.argument_size_in_bytes + m.output_size_in_bytes + m.temp_size_in_bytes
+               - m.alias_size_in_bytes for m in (p.memory_analysis() for p in programs))
+    if jax.default_backend() == "cpu":
+        need, where = need * devices, "available on this machine"
+        try:  # Linux's estimate of what can be had without swapping; elsewhere, all of it
+            with open("/proc/meminfo") as f:
+                have = 1024 * int(next(x for x in f if x.startswith("MemAvailable")).split()[1])
+        except OSError:
+            have = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    else:
+        where = f"on each {jax.default_backend()} device"
+        have = (jax.local_devices()[0].memory_stats() or {}).get("bytes_limit", np.inf)
+    if need > have:
+        sizes = ", ".join(flag(k) for k in (*SIZE_FLAGS, "num_seeds"))
+        raise ArgError(f"the run needs about {need / 2**30:.1f} GiB (XLA's estimate), more than "
+                       f"the {have / 2**30:.1f} GiB {where}: make {sizes} smaller")
+
+
+def exploit_and_explore(args: Args, state, hp, fitness, key):
+    """PBT's step (Jaderberg et al. 2017) over the population ([runs, ...] leaves, hp {flag:
+    [runs]}, fitness [runs]; NaN: no evidence, the run sits the step out). The others are ranked,
+    ties at random; each of their bottom --pbt-fraction copies the state and hyperparameters of
+    a member drawn from their top fraction if it is strictly better, then moves each swept float
+    x (1 - x for NEAR_ONE) by x0.8 or x1.25 where its rule still holds. Every run goes on with a
+    key of its own (the step's, folded with its index). -> (state, hp, copied_from: -1 if not)."""
+    runs, index = len(fitness), jnp.arange(len(fitness))
+    k_ties, k_pick, k_runs, *k_flags = jax.random.split(key, 3 + len(HPARAMS))
+    ranked = jnp.isfinite(fitness)
+    count = ranked.sum()
+    fraction = jnp.floor(args.pbt_fraction * count).astype(jnp.int32)  # (at least 1 of 2 or more)
+    n = jnp.where(count > 1, jnp.maximum(1, fraction), 0)
+    ties = jax.random.uniform(k_ties, (runs,))
+    order = jnp.lexsort((ties, jnp.where(ranked, fitness, 0.0), ~ranked))  # worst first, NaN last
+    rank = jnp.argsort(order)
+    drawn = order[count - n + jax.random.randint(k_pick, (runs,), 0, jnp.maximum(n, 1))]
+    copies = (rank < n) & (fitness[drawn] > fitness)
+    source = jnp.where(copies, drawn, index)
+    hp = {k: v[source] for k, v in hp.items()}
+    for (k, (_, holds)), k_flag in zip(HPARAMS.items(), k_flags):
+        if len(getattr(args, k)) > 1:  # a swept flag
+            factor = jnp.where(jax.random.bernoulli(k_flag, 0.5, (runs,)), 0.8, 1.25)
+            moved = 1 - (1 - hp[k]) * factor if k in NEAR_ONE else hp[k] * factor
+            hp[k] = jnp.where(copies & holds(moved), moved, hp[k])
+    keys = jax.vmap(partial(jax.random.fold_in, k_runs))(index)
+    state = jax.tree.map(lambda x: x[source], state)._replace(key=keys)
+    return state, hp, jnp.where(copies, source, -1)
+
+
+def run(args: Args, num_devices: Optional[int] = None):
+    """(state, metrics, timing) of the whole sweep, leaves [num_seeds] or [configs, seeds]."""
+    *_, (state, metrics, timing) = segments(args, num_devices)
+    lead = (len(grid(args)), args.num_seeds) if len(grid(args)) > 1 else (args.num_seeds,)
+    return *jax.tree.map(lambda x: x.reshape(*lead, *x.shape[1:]), (state, metrics)), timing
+
+
+# ------------------------------------ output: progress, statistics, summary, tensorboard events
+def final_returns(metrics, fraction=0.05):
+    """Per run: mean episode_return over the last `fraction` of updates (NaNs ignored)."""
+    returns = np.asarray(metrics["episode_return"])
+    return np.nanmean(returns[..., -max(1, round(returns.shape[-1] * fraction)):], axis=-1)
+
+
+def progress(args: Args, metrics, timing) -> str:
+    """After each segment: steps, the return of the segment's episodes, the SHOWN metrics, speed."""
+    returns, steps = metrics["episode_return"][:, timing["first"]:], metrics["env_steps"][0]
+    finished = np.isfinite(returns).any(1)
+    line = [f"return {np.mean([np.nanmean(r) for r in returns[finished]]):8.4g} (episodes of "
+            f"{finished.sum()} of {len(returns)} runs)" if finished.any()
+            else "no episode finished yet"] + [f"{k} {form.format(np.mean(metrics[k][:, -1]))}"
+                                               for k, form in SHOWN.items()]
+    total = steps[-1] / len(steps) * timing["num_updates"]
+    return (f"[{args.exp_name}] steps {steps[-1]:>12,.0f} / {total:,.0f}  {' '.join(line)}  "
+            f"SPS {timing['sps']:,.0f}")
+
+
+def iqm(x) -> float:
+    """Interquartile mean (Agarwal et al. 2021): the mean of the middle half of the values."""
+    x = np.sort(np.asarray(x, dtype=np.float64).ravel())
+    low, high = int(np.floor(0.25 * len(x))), int(np.ceil(0.75 * len(x)))
+    return float(x[low:high].mean()) if high > low else float(x.mean())
+
+
+def bootstrap_ci(x, stat=np.mean, resamples: int = 5000, level: float = 0.95, seed: int = 0):
+    """Percentile-bootstrap confidence interval of `stat` over the runs in x."""
+    x = np.asarray(x, dtype=np.float64).ravel()
+    picks = np.random.default_rng(seed).integers(0, len(x), size=(resamples, len(x)))
+    stats = [stat(x[p]) for p in picks]
+    return tuple(float(q) for q in np.quantile(stats, [(1 - level) / 2, (1 + level) / 2]))
+
+
+def final_scores(metrics, evals={}) -> dict:
+    """Per run: the final training return, each SHOWN metric at the last update, evals as given."""
+    return {"episode_return": final_returns(metrics),
+            **{k: np.asarray(metrics[k])[:, -1] for k in SHOWN}, **evals}
+
+
+def lineages(args: Args, metrics, evals={}):
+    """--pbt: (metrics [runs, updates] along each final run's lineage, the run each descends from,
+    its final SCORE, the runs best first). A copy (pbt/copied_from, at a segment's last update)
+    hands its source's state on: up to it, the lineage is the source's."""
+    copied_from = np.asarray(metrics["pbt/copied_from"])
+    slot, path = np.arange(len(copied_from)), np.zeros(copied_from.shape, int)
+    for i in reversed(range(copied_from.shape[1])):
+        source = copied_from[slot, i]
+        slot = np.where(np.isfinite(source), source, slot).astype(int)
+        path[:, i] = slot
+    along = {k: np.take_along_axis(np.asarray(v), path, 0) for k, v in metrics.items()}
+    score = final_scores(along, evals)[SCORE]
+    return along, path[:, 0], score, np.argsort(-score, kind="stable")
+
+
+def summary(args: Args, metrics, timing, evals={}) -> str:
+    """metrics [runs, updates], evals {tag: [runs]}: a configuration's seeds, or a sweep's rows;
+    with --pbt, the final population by lineage."""
+    configs, shown = grid(args), {**dict.fromkeys(evals, "{:.4g}"), **SHOWN}
+    by_config = lambda x: np.asarray(x).reshape(len(configs), args.num_seeds)
+    finals = {k: by_config(v) for k, v in final_scores(metrics, evals).items()}
+    sweep = f"{len(configs)} configurations x " if len(configs) > 1 else ""
+    flags = {f.name: getattr(args, f.name) for f in dataclasses.fields(Hyperparams)}
+    flags = {k: v for k, v in flags.items() if k != "env_id" and not (k in HPARAMS and len(v) > 1)}
+    lines = [f"{args.exp_name} on {args.env_id}: {sweep}{args.num_seeds} seeds x "
+             f"{metrics['env_steps'][0, -1]:,.0f} steps",  # then the flags as resolved, but swept
+             "flags: " + " ".join(f"{k}={v[0] if k in HPARAMS else v}" for k, v in flags.items())]
+    per_run = f" ({timing['span']} a run)" if timing["span"] > 1 else ""
+    timing_line = (f"{timing['devices']} device(s){per_run}  compile {timing['compile_s']:.1f} s"
+                   f"{' (cache)' if timing['cached'] else ''}  run {timing['run_s']:.1f} s  |  "
+                   f"{timing['sps']:,.0f} steps/s")
+    returns, varied = finals["episode_return"], [k for k in HPARAMS if len(getattr(args, k)) > 1]
+    if args.pbt:
+        lines += population_lines(args, metrics, evals, varied)
+    elif len(configs) == 1:
+        lines.append("final return per seed (last 5% of updates): "
+                     + " ".join(f"{r:.4g}" for r in returns[0]))
+        for k, form in shown.items():
+            what = "last update" if k in SHOWN else f"{args.eval_episodes} episodes"
+            values = " ".join(form.format(x) for x in finals[k][0])
+            lines.append(f"{k} per seed ({what}): {values}")
+        timing_line = f"mean {np.mean(returns):.4g}  min {np.min(returns):.4g}  |  {timing_line}"
+    else:
+        lines.append(" | ".join([*varied, "final return mean [95% CI over seeds]", "IQM", "worst",
+                                 *shown]))
+        for c in np.argsort(-finals[SCORE].mean(1), kind="stable"):
+            x, ci = returns[c], bootstrap_ci(returns[c])  # over this configuration's seeds
+            lines.append(" | ".join(
+                [f"{configs[c][k]:g}" for k in varied]
+                + [f"{x.mean():.4g} [{ci[0]:.4g}, {ci[1]:.4g}]", f"{iqm(x):.4g}", f"{x.min():.4g}"]
+                + [form.format(finals[k][c].mean()) for k, form in shown.items()]))
+    return "\n".join(lines + [timing_line])
+
+
+def population_lines(args: Args, metrics, evals, varied) -> list:
+    """--pbt: the final runs best first by SCORE, each with the run its lineage descends from
+    (configuration and seed), and the schedule of the best lineage's swept values."""
+    along, roots, score, order = lineages(args, metrics, evals)
+    configs, steps = grid(args), metrics["env_steps"][0]
+    start = lambda r: ", ".join([*(f"{k} {configs[r // args.num_seeds][k]:g}" for k in varied),
+                                 f"seed {r % args.num_seeds}"])
+    lines = [f"population by lineage, best first: run | descends from | {SCORE} | "
+             + " | ".join(varied)]
+    lines += [" | ".join([str(r), f"run {roots[r]} ({start(roots[r])})", f"{score[r]:.4g}",
+                          *(f"{along[f'hp/{k}'][r, -1]:.4g}" for k in varied)]) for r in order]
+    for k in varied:
+        schedule = along[f"hp/{k}"][order[0]]
+        changes = [0, *np.flatnonzero(np.diff(schedule)) + 1]  # where a new value holds
+        lines.append(f"run {order[0]}'s lineage, {k}: " + ", ".join(
+            f"{schedule[i]:.4g} from step {steps[i] - steps[0]:,.0f}" for i in changes))
+    return lines
+
+
+def config_dirs(run_dir, args: Args) -> list:
+    """(arguments, directory) of each configuration: in a sweep, one named by its swept values."""
+    return [(dataclasses.replace(args, **{k: (v,) for k, v in config.items()}), os.path.join(
+        run_dir, "__".join(f"{k}={v:g}" for k, v in config.items() if len(getattr(args, k)) > 1)))
+        for config in grid(args)]
+
+
+class Tensorboard:
+    """An event file per run by tensorboard's own writer, flushed after each segment."""
+    TAGS = {"episode_return": "charts/episodic_return", "episode_length": "charts/episodic_length"}
+
+    def __init__(self, run_dir, args: Args, done):  # done: the env_steps already written
+        self.writers, self.written = [], done.shape[1]
+        for one, config_dir in config_dirs(run_dir, args):
+            table = "|param|value|\n|-|-|\n" + "\n".join(f"|{k}|{v}|" for k, v in vars(one).items())
+            first = Event(summary=text_pb("hyperparameters", table))
+            if done.size:  # a resumed run's START: TensorBoard drops the stopped run's later steps
+                first = Event(step=int(done[0, -1]) + 1,
+                              session_log=SessionLog(status=SessionLog.START))
+            for k in range(args.num_seeds):  # (an OSError here names its path)
+                self.writers.append(EventFileWriter(os.path.join(config_dir, f"seed_{k}")))
+                self.writers[-1].add_event(first)
+
+    def write(self, metrics, last: dict):
+        """metrics' updates not written yet, `last` {tag: [runs]} at each run's last step."""
+        new = {k: v[:, self.written:] for k, v in metrics.items()}
+        self.written, steps = metrics["env_steps"].shape[1], new.pop("env_steps")
+        for r, writer in enumerate(self.writers):
+            for i, step in enumerate(steps[r]):
+                for k, v in new.items():
+                    if np.isfinite(v[r, i]):
+                        writer.add_event(self.scalar(k, v[r, i], step))
+            for k, v in last.items():
+                writer.add_event(self.scalar(k, v[r], metrics["env_steps"][r, -1]))
+            try:
+                writer.flush()
+            except OSError as e:  # (its thread's: quiet_writer_errors keeps it to one line)
+                raise OSError(e.errno, e.strerror, writer.get_logdir()) from None
+
+    def write_lineages(self, args: Args, metrics, evals, population: str):
+        """--pbt, at the end: in each run's folder, lineage/<tag>: the curves of its final
+        model's lineage (its ancestors' before each copy); the population best first, as text."""
+        along = lineages(args, metrics, evals)[0]
+        self.written = 0  # (all the updates, again: as the lineage's)
+        self.write({"env_steps": along.pop("env_steps"),
+                    **{f"lineage/{k}": v for k, v in along.items()}}, {})
+        self.writers[0].add_event(Event(summary=text_pb("population by lineage", population)))
+        self.writers[0].flush()
+
+    def scalar(self, name: str, value, step) -> Event:
+        value = Summary.Value(tag=self.TAGS.get(name, name.replace("loss/", "losses/")),
+                              simple_value=float(value))
+        return Event(wall_time=time.time(), step=int(step), summary=Summary(value=[value]))
+
+    @staticmethod
+    def quiet_writer_errors(hook):  # (threading.excepthook: write() reports a writer's error)
+        if not issubclass(hook.exc_type, OSError):
+            threading.__excepthook__(hook)
+
+
+# ------------------------------------------- files: checkpoints and models; evaluation and GIFs
+def write_atomic(path, data: bytes):
+    """Write beside `path`, then rename: a reader, or a crash, sees the old file or the new one;
+    a failed write leaves no temporary file and names `path`. Mode: as open() gives (umask)."""
+    with tempfile.NamedTemporaryFile(dir=os.path.dirname(path), delete=False) as f:
+        try:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+            os.chmod(f.name, 0o666 & ~UMASK)  # not the temporary file's 0600
+        except OSError as e:
+            os.unlink(f.name)
+            raise OSError(e.errno, e.strerror, path) from None
+    os.replace(f.name, path)
+
+
+UMASK = os.umask(0o022)  # read (and put back) once
+os.umask(UMASK)
+
+
+def write_checkpoint(run_dir, args: Args, state, metrics, num_updates):
+    """run_dir/checkpoint.msgpack: the arguments, every run's state and metrics, after a SHA-256."""
+    data = flax.serialization.msgpack_serialize({
+        "format": FORMAT, "file": os.path.basename(__file__), "num_updates": num_updates,
+        "args": json.dumps(dataclasses.asdict(args)), "metrics": metrics,
+        "state": flax.serialization.to_state_dict(state)})
+    write_atomic(os.path.join(run_dir, "checkpoint.msgpack"), hashlib.sha256(data).digest() + data)
+
+
+FORMAT = 2  # of checkpoint.msgpack: a file reads the format it writes, and refuses others
+# Flags that --resume and --load-model may change, which do not change what is computed: the
+# runner's, but these. Typed, they win; else the saved value holds, but for this process's own.
+RESUME_MAY_CHANGE = {f.name for f in dataclasses.fields(Args)} - {
+    f.name for f in dataclasses.fields(Hyperparams)} - {"seed", "num_seeds", "num_segments", "pbt",
+                                                         "pbt_every", "pbt_fraction"}
+THIS_PROCESS = ("resume", "load_model", "compile_cache_dir", "distributed", "coordinator_address",
+                "num_processes", "process_id")
+
+
+def read_saved(args: Args, argv) -> tuple:
+    """(arguments, contents) of --resume's checkpoint or --load-model's model: the saved arguments
+    but for the typed flags of RESUME_MAY_CHANGE (the others must agree)."""
+    if args.load_model and args.resume:
+        raise ArgError("--load-model plays a saved model; --resume trains on: choose one")
+    name, path = "--load-model", args.load_model
+    if args.resume:
+        name, path = "--resume", os.path.join(args.resume, "checkpoint.msgpack")
+    try:
+        with open(path, "rb") as f:
+            digest, data = (f.read(32), f.read()) if args.resume else (None, f.read())
+        if digest and hashlib.sha256(data).digest() != digest:
+            raise ValueError("its checksum does not match: the file is damaged")
+        saved = flax.serialization.msgpack_restore(data)
+        if not isinstance(saved, dict) or "args" not in saved:
+            raise ValueError("it holds no arguments")
+    except (OSError, ValueError) as e:
+        raise ArgError(f"{name} {path}: not a usable file ({e})") from None
+    if saved.get("format", 0) != FORMAT:
+        raise ArgError(f"{name} {path}: its format is {saved.get('format', 0)}; this file reads "
+                       f"format {FORMAT}")
+    flags, ours = json.loads(saved["args"]), {f.name for f in dataclasses.fields(Args)}
+    if set(flags) != ours:
+        raise ArgError(f"{name} {path}: written by {saved['file']}, whose flags differ from this "
+                       f"file's ({', '.join(sorted(set(flags) ^ ours))})")
+    typed = {a.split("=")[0] for a in argv}
+    for k, v in flags.items():
+        differs = json.loads(json.dumps(getattr(args, k))) != v  # (tuples as JSON's lists)
+        if k not in RESUME_MAY_CHANGE and flag(k) in typed and differs:
+            raise ArgError(f"{flag(k)} differs from the saved {v}: {name} takes the run as it "
+                           "was started")
+    if args.resume and saved["metrics"]["env_steps"].shape[1] >= saved["num_updates"]:
+        raise ArgError(f"--resume {args.resume}: that run is finished (no update left)")
+
+    def as_tuples(value):  # JSON's lists, nested too, as the tuples the flags hold
+        return tuple(as_tuples(v) for v in value) if isinstance(value, list) else value
+
+    kept = {k: as_tuples(v) for k, v in flags.items()
+            if k not in THIS_PROCESS and not (k in RESUME_MAY_CHANGE and flag(k) in typed)}
+    return dataclasses.replace(args, **kept), saved
+
+
+def play(args: Args, runner, key, episodes: int):
+    """`episodes` fresh episodes of a run's policy by its greedy actions, as many exploring, to
+    the time limit (one episode a slot: a policy's memory runs from its start to its end): per
+    step [T, 2 x episodes] the env states before it, rewards, ended."""
+    import gymnax
+    env, env_params = gymnax.make(args.env_id)
+    train, vstep = make_train(args), jax.vmap(env.step, in_axes=(0, 0, 0, None))
+
+    def step(carry, key):
+        obs, env_state, (greedy_memory, sampled_memory), ended = carry
+        k_act, k_env = jax.random.split(key)
+        greedy, greedy_memory = train.act(runner, obs[:episodes], greedy_memory)
+        sampled, sampled_memory = train.act(runner, obs[episodes:], sampled_memory, k_act)
+        obs, next_state, reward, terminated, truncated, _ = vstep(
+            jax.random.split(k_env, 2 * episodes), env_state, jnp.concatenate([greedy, sampled]),
+            env_params)
+        return ((obs, next_state, (greedy_memory, sampled_memory), ended | terminated | truncated),
+                (env_state, reward, ended))
+
+    keys = jax.random.split(key, env_params.max_steps_in_episode + 1)
+    obs, env_state = jax.vmap(env.reset, in_axes=(0, None))(
+        jax.random.split(keys[0], 2 * episodes), env_params)
+    memories = (train.initial_memory(episodes), train.initial_memory(episodes))
+    return jax.lax.scan(step, (obs, env_state, memories, jnp.zeros(2 * episodes, bool)),
+                        keys[1:])[1]
+
+
+def evaluator(args: Args):
+    """The runs' final states ([runs, ...] leaves) -> {tag: [runs]}, each run's mean return over
+    --eval-episodes fresh episodes, greedy and sampled (seed k's keys in every configuration);
+    None without `act`."""
+    if not (args.eval_episodes and hasattr(make_train(args), "act")):
+        return None
+
+    def mean_returns(runner, key):
+        _, rewards, ended = play(args, runner, key, args.eval_episodes)
+        returns = jnp.split(jnp.where(ended, 0.0, rewards).sum(0), 2)  # greedy, sampled
+        return {f"eval/episodic_return_{kind}": x.mean()
+                for kind, x in zip(("greedy", "sampled"), returns)}
+
+    scores = jax.jit(jax.vmap(mean_returns))
+    keys = jax.random.split(jax.random.fold_in(jax.random.PRNGKey(args.seed), 1), args.num_seeds)
+    keys = jnp.tile(keys, (len(grid(args)), 1))
+    return lambda state: jax.device_get(scores(state, keys))
+
+
+def capture_gif(path, args: Args, state):
+    """An episode of the first run's greedy policy, drawn by gymnax's Visualizer."""
+    import gymnax
+    from gymnax.visualize import Visualizer
+    states, rewards, ended = play(args, jax.tree.map(lambda x: x[0], state),
+                                  jax.random.PRNGKey(args.seed), 1)  # [:, 0]: greedy
+    frames = int(np.argmax(ended[:, 0])) if ended[:, 0].any() else len(ended)  # the episode's steps
+    Visualizer(*gymnax.make(args.env_id), [jax.tree.map(lambda x: x[t, 0], states)
+                                           for t in range(frames)],
+               np.cumsum(rewards[:frames, 0])).animate(path)
+    return path
+
+
+def save_model(model_dir, args: Args, state):
+    """Atomically write saved_model(state) of every seed, and the arguments, to model.msgpack."""
+    write_atomic(os.path.join(model_dir, "model.msgpack"), flax.serialization.msgpack_serialize(
+        {"format": FORMAT, "file": os.path.basename(__file__),
+         "args": json.dumps(dataclasses.asdict(args)), **saved_model(state)}))
+    return os.path.join(model_dir, "model.msgpack")
+
+
+def load_model(args: Args, saved):
+    """Each seed's state from a saved model: init's, with the leaves saved_model picks replaced."""
+    hp = {k: jnp.full(args.num_seeds, getattr(args, k)[0], jnp.float32) for k in HPARAMS}
+    leaves, treedef = jax.tree.flatten(jax.vmap(make_train(args).init)(
+        jax.random.split(jax.random.PRNGKey(args.seed), args.num_seeds), hp))
+    where = saved_model(jax.tree.unflatten(treedef, range(len(leaves))))  # leaf indices
+    mine = {k: saved.get(k) for k in where}
+    same_tree = jax.tree.structure(mine) == jax.tree.structure(where)
+    if not same_tree or any(np.shape(x) != leaves[i].shape
+                            for i, x in zip(*map(jax.tree.leaves, (where, mine)))):
+        raise ArgError(f"--load-model {args.load_model}: its model does not fit this file's")
+    for i, x in zip(*map(jax.tree.leaves, (where, mine))):
+        leaves[i] = x
+    return jax.tree.unflatten(treedef, leaves)
+
+
+# ------------------------------ main: signals, the sweep and its files, errors as one line each
+STOP = []  # the signals received: the run stops at the end of the current segment
+
+
+def stop_after_segment(signum, frame):
+    """The first Ctrl-C or SIGTERM (a scheduler's notice of preemption) lets the segment finish
+    and checkpoint; a second one (the default handlers back) stops at once."""
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, signal.SIG_DFL)
+    STOP.append(signum)
+    print(f"\n{signal.Signals(signum).name}: stopping at the end of this segment (again: at "
+          "once)", file=sys.stderr)
+
+
+def train_and_write(args: Args, checkpoint, run_dir, is_lead: bool):
+    """The sweep: progress, events and a checkpoint after each segment (is_lead: this process
+    writes and prints, process 0 of --distributed), then evaluation and files."""
+    start = (checkpoint["state"], checkpoint["metrics"]) if checkpoint else None
+    done = start[1]["env_steps"] if start else np.zeros((1, 0))  # the steps already written
+    events = Tensorboard(run_dir, args, done) if is_lead and args.track else None
+    evaluate, evals = evaluator(args) if is_lead else None, {}
+    for state, metrics, timing in segments(args, start=start):
+        if args.eval_every_segment and evaluate:
+            evals = evaluate(state)
+        if events:
+            speed = [timing["sps"]] * len(metrics["env_steps"])
+            events.write(metrics, {"charts/SPS": speed, **evals})
+        if is_lead:
+            write_checkpoint(run_dir, args, state, metrics, timing["num_updates"])
+            print(progress(args, metrics, timing), flush=True)
+        # Every process stops after the same segment: the others would wait for it forever.
+        stop = multihost_utils.process_allgather(np.int32(STOP[0] if STOP else 0))
+        if stop.any():
+            if is_lead:
+                print(f"stopped with a checkpoint; continue with: python {sys.argv[0]} --resume "
+                      f"{run_dir}", flush=True)
+            sys.exit(128 + int(stop.max()))  # 130 after Ctrl-C, 143 after SIGTERM
+    if not is_lead:
+        return
+    if evaluate and not args.eval_every_segment:
+        evals = evaluate(state)
+        if events:
+            events.write(metrics, evals)
+    if events and args.pbt:
+        varied = [k for k in HPARAMS if len(getattr(args, k)) > 1]
+        events.write_lineages(args, metrics, evals, "\n".join(
+            population_lines(args, metrics, evals, varied)))
+    for c, (one, config_dir) in enumerate(config_dirs(run_dir, args)):
+        os.makedirs(config_dir, exist_ok=True)
+        seeds = slice(c * args.num_seeds, (c + 1) * args.num_seeds)  # this configuration's
+        write_files(config_dir, one, jax.tree.map(lambda x: x[seeds], state), args.save_model)
+    print(summary(args, metrics, timing, evals))
+
+
+def write_files(folder, args: Args, state, saving: bool):
+    """One configuration's model (if saving), GIF (if asked) and the file's pictures."""
+    paths = [save_model(folder, args, state)] if saving else []
+    if args.capture_gif:
+        paths.append(capture_gif(os.path.join(folder, "episode.gif"), args, state))
+    for path in paths + draw(folder, args, state):
+        print(f"saved {path}")
+
+
+def main():
+    # A CPU device per core (XLA runs a program on about one), unless XLA_FLAGS or jax chose.
+    if ("xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", "")
+            and jax.config.jax_num_cpu_devices < 0 and jax.default_backend() == "cpu"):
+        jax.extend.backend.clear_backends()
+        jax.config.update("jax_num_cpu_devices", os.cpu_count() or 1)
+    try:
+        args, saved = parse(sys.argv[1:]), None
+        if args.resume or args.load_model:  # the saved flags, before any is judged
+            args, saved = read_saved(args, sys.argv[1:])
+        args = validate(args)
+        start_processes(args)
+        layout(args)  # runs and envs that do not split over the devices: one line, now
+        run_dir = args.resume or os.path.join(
+            args.log_dir, f"{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}")
+        is_lead = jax.process_index() == 0  # --distributed: process 0 alone writes and prints
+        if is_lead and not args.load_model:
+            os.makedirs(run_dir, exist_ok=True)  # before anything compiles: --log-dir must work
+    except (ArgError, OSError) as e:  # (an OSError: --log-dir cannot be made)
+        print(f"error: {'' if isinstance(e, ArgError) else '--log-dir: '}{e}", file=sys.stderr)
+        sys.exit(2)
+    # The cache is set up at the first compile (importing gymnax runs some): set it up again.
+    compilation_cache.set_cache_dir(args.compile_cache_dir or None)
+    compilation_cache.reset_cache()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, stop_after_segment)
+    threading.excepthook = Tensorboard.quiet_writer_errors
+    try:
+        if not args.load_model:
+            train_and_write(args, saved, run_dir, is_lead)
+        else:  # the saved policy of each seed, evaluated and drawn as after training
+            state, evaluate = load_model(args, saved), evaluator(args)
+            print(f"{args.exp_name} on {args.env_id}: {args.num_seeds} seeds of {args.load_model}")
+            write_files(os.path.dirname(args.load_model), args, state, saving=False)
+            for k, v in (evaluate(state) if evaluate else {}).items():
+                print(f"{k} per seed ({args.eval_episodes} episodes): "
+                      + " ".join(f"{x:.4g}" for x in v))
+    except ArgError as e:  # the memory check, or a checkpoint this file cannot continue
+        if is_lead and not args.resume:
+            shutil.rmtree(run_dir, ignore_errors=True)
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
+    except OSError as e:  # a file that cannot be written: no space left, no permission...
+        intact = "" if args.load_model else f" (the last checkpoint in {run_dir} is intact)"
+        print(f"error: cannot write {e.filename}: {e.strerror}{intact}", file=sys.stderr)
+        sys.exit(74)  # EX_IOERR
+
+
+if __name__ == "__main__":
+    main()
