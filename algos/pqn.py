@@ -639,12 +639,12 @@ def layout(args: Args, limit: Optional[int] = None) -> tuple:
                 fits.append((groups * span, groups, span))
     if fits:
         return max(fits)[1:]
-    if reasons.get(args.devices_per_run):
-        raise ArgError(f"--devices-per-run {args.devices_per_run}: {reasons[args.devices_per_run]}")
+    fixed = args.devices_per_run
+    if reasons.get(fixed):
+        raise ArgError(f"--devices-per-run {fixed}: {reasons[fixed]}")
+    fixed = f" with --devices-per-run {fixed}" if fixed else ""
     raise ArgError(f"{runs} runs (configurations x seeds) of {flag(SPLIT)} {getattr(args, SPLIT)} "
-                   f"do not split over {processes} processes x {local} devices"
-                   + (f" with --devices-per-run {args.devices_per_run}" if args.devices_per_run
-                      else ""))
+                   f"do not split over {processes} processes x {local} devices{fixed}")
 
 
 def why_not_split(args: Args, span: int) -> Optional[str]:
@@ -1136,7 +1136,7 @@ def play(args: Args, runner, key, episodes: int):
         return ((obs, next_state, (greedy_memory, sampled_memory), ended | terminated | truncated),
                 (env_state, reward, ended))
 
-    keys = jax.random.split(key, env_params.max_steps_in_episode + 1)
+    keys = jax.random.split(key, int(env_params.max_steps_in_episode) + 1)  # (some: floats)
     obs, env_state = jax.vmap(env.reset, in_axes=(0, None))(
         jax.random.split(keys[0], 2 * episodes), env_params)
     memories = (train.initial_memory(episodes), train.initial_memory(episodes))

@@ -11,6 +11,8 @@
     python benchmarks/run.py --only minatar    # ppo.py's MinAtar presets on five games beside
                                                # the published PPO returns (about 45 minutes)
     python benchmarks/run.py --only pbt        # --pbt beside its fixed grid (about 20 minutes)
+    python benchmarks/run.py --only devices    # one seed over 1 and 2 devices, 2 processes
+    python benchmarks/run.py --only rnn        # ppo_rnn.py beside ppo.py on memory tasks
 
 Writes RESULTS.md (all tables, machine header and load averages first, the time of every section
 last) and the PNGs into --out (default benchmarks/results/). A full run into the default folder
@@ -73,11 +75,14 @@ SECTIONS = {  # selector -> module (in the order of RESULTS.md)
     "long_runs": "bench_long_runs",
     "minatar": "bench_minatar",
     "pbt": "bench_pbt",
+    "devices": "bench_devices",
+    "rnn": "bench_rnn",
     "peers": "peers",  # with --peers, after the others (its own requirements)
 }
 ALL = ("commands", "robustness", "q_learning", "is_eval")  # the default run
 QUICK_COST = {"commands": 2, "robustness": 3, "q_learning": 1, "is_eval": 4}  # relative, --quick
-OPTIONAL = ("envs", "long_runs", "minatar", "pbt")  # run only when --only names them: <NAME>.md
+# run only when --only names them: <NAME>.md
+OPTIONAL = ("envs", "long_runs", "minatar", "pbt", "devices", "rnn")
 README_START, README_END = "<!-- results:start -->", "<!-- results:end -->"
 FAILED = []  # sections that raised: reported in their place, then the run exits non-zero
 

@@ -11,6 +11,7 @@ import socket
 import subprocess
 import sys
 
+import flax.serialization
 import numpy as np
 import pytest
 
@@ -77,14 +78,17 @@ def test_two_processes_write_what_one_computes(module, tmp_path):
 
 def test_one_run_over_two_processes_writes_what_one_process_computes(tmp_path):
     """One ppo run split over 2 processes of 1 device each (its envs, its gradients averaged over
-    gloo) writes the very numbers of the same run over the 2 devices of one process."""
+    gloo) writes the very numbers of the same run over the 2 devices of one process; its saved
+    model, played as --load-model plays it (on one device), scores what the end of training
+    printed."""
     fields = dict(num_seeds=1, num_envs=8, num_steps=16, num_minibatches=2,
                   total_timesteps=8 * 16 * 6, hidden_size=16, eval_episodes=4)
-    procs = start(ppo, tmp_path, {**fields, "distributed": ()}, free_port())
+    procs = start(ppo, tmp_path, {**fields, "distributed": (), "save_model": ()}, free_port())
     (out0, err0), (out1, err1) = (p.communicate(timeout=300) for p in procs)
     assert procs[0].returncode == 0 and procs[1].returncode == 0, err0[-2000:] + err1[-2000:]
     assert "2 device(s) (2 a run)" in out0, out0
-    _, metrics, timing = ppo.run(ppo.validate(ppo.Args(track=False, **fields)))
+    args = ppo.validate(ppo.Args(track=False, **fields))
+    _, metrics, timing = ppo.run(args)
     assert timing["span"] == 2
     (run_dir,) = tmp_path.glob("*__*")
     for key, tag in [("loss/value", "losses/value"), ("episode_return", "charts/episodic_return")]:
@@ -92,6 +96,10 @@ def test_one_run_over_two_processes_writes_what_one_process_computes(tmp_path):
         ours = {int(step): np.float32(value) for step, value in
                 zip(metrics["env_steps"][0], metrics[key][0]) if np.isfinite(value)}
         assert written == ours, (key, written, ours)
+    saved = flax.serialization.msgpack_restore((run_dir / "model.msgpack").read_bytes())
+    played = ppo.evaluator(args)(ppo.load_model(args, saved))
+    for tag, values in played.items():
+        assert f"{tag} per seed (4 episodes): {values[0]:.4g}" in out0, (tag, values, out0)
 
 
 def test_killed_distributed_run_resumes(tmp_path):

@@ -1,11 +1,10 @@
 """One run over several devices (the runner's mesh axis "batch"): its envs split over them, its
 gradients and every statistic of its batch averaged over all of them. One update on 2 devices is
-the update on 1 with the same env keys; the parameters stay bitwise the same on every device; a
-model saved from 2 devices plays on 1; bad layouts are one line before anything compiles. (Two
-processes of 1 device each: test_distributed.py; a 1-seed run that solves CartPole-v1 over 2
-devices: test_ppo.py; q_learning's agents split: test_devices_and_cache.py.)"""
-import os
-
+the update on 1 with the same env keys; the parameters stay bitwise the same on every device; bad
+layouts are one line before anything compiles. (Two processes of 1 device each, and their model
+played on 1 device: test_distributed.py; a 1-seed run that solves CartPole-v1 over 2 devices:
+test_ppo.py; a checkpoint of a run over 2 devices resumed: test_long_runs.py; q_learning's agents
+split: test_devices_and_cache.py.)"""
 import jax
 import numpy as np
 import pytest
@@ -15,7 +14,7 @@ from jax.sharding import PartitionSpec as P
 import ppo
 import pqn
 import vpg
-from conftest import assert_usage_error, run_script
+from conftest import assert_usage_error
 
 ONE_UPDATE = dict(num_seeds=1, num_envs=8, num_steps=16, num_minibatches=1, update_epochs=1,
                   total_timesteps=8 * 16, hidden_size=16, eval_episodes=0, track=False)
@@ -66,21 +65,6 @@ def test_parameters_stay_bitwise_the_same_on_every_device():
     for leaf in jax.tree.leaves(jax.device_get(copies)):
         np.testing.assert_array_equal(leaf[0], leaf[1])
     assert any(np.any(leaf[0] != 0) for leaf in jax.tree.leaves(copies[2]))  # stats moved
-
-
-def test_a_model_saved_from_two_devices_plays_on_one(tmp_path):
-    """--save-model of a 1-seed run over 2 devices; --load-model in a process of 1 device plays
-    it to the evaluation returns that the end of training printed."""
-    flags = ["--num-seeds", 1, "--num-envs", 8, "--num-steps", 16, "--total-timesteps", 8 * 16 * 4,
-             "--hidden-size", 16, "--eval-episodes", 4, "--no-track", "--log-dir", tmp_path]
-    trained = run_script("ppo.py", *flags, "--save-model")
-    assert trained.returncode == 0 and "2 device(s) (2 a run)" in trained.stdout, trained.stderr
-    (model,) = tmp_path.glob("*/model.msgpack")
-    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=1"}
-    played = run_script("ppo.py", "--load-model", model, env=env)
-    assert played.returncode == 0, played.stderr[-2000:]
-    evaluations = [line for line in trained.stdout.splitlines() if line.startswith("eval/")]
-    assert len(evaluations) == 2 and all(line in played.stdout for line in evaluations)
 
 
 @pytest.mark.parametrize("flags, message", [
