@@ -22,6 +22,9 @@ if "JAXRL_TEST_CACHE" not in os.environ:
     _CACHE = tempfile.TemporaryDirectory(prefix="jax-cache-")
     os.environ["JAXRL_TEST_CACHE"] = _CACHE.name
 os.environ["JAX_COMPILATION_CACHE_DIR"] = os.environ["JAXRL_TEST_CACHE"]
+# Every program, not only those that compiled in a second or more (JAX's default): the tests and
+# the scripts they start compile many of the same small programs.
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 
 ROOT = Path(__file__).resolve().parents[1]
 ALGOS = ROOT / "algos"

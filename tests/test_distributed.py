@@ -82,7 +82,7 @@ def test_one_run_over_two_processes_writes_what_one_process_computes(tmp_path):
     model, played as --load-model plays it (on one device), scores what the end of training
     printed."""
     fields = dict(num_seeds=1, num_envs=8, num_steps=16, num_minibatches=2,
-                  total_timesteps=8 * 16 * 6, hidden_size=16, eval_episodes=4)
+                  total_timesteps=8 * 16 * 3, hidden_size=16, eval_episodes=4)
     procs = start(ppo, tmp_path, {**fields, "distributed": (), "save_model": ()}, free_port())
     (out0, err0), (out1, err1) = (p.communicate(timeout=300) for p in procs)
     assert procs[0].returncode == 0 and procs[1].returncode == 0, err0[-2000:] + err1[-2000:]
