@@ -14,13 +14,9 @@ from __future__ import annotations
 
 import argparse
 import re
-import shutil
-import socket
 import statistics
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -35,42 +31,16 @@ LAYOUTS = {  # name -> (processes, devices per process)
     "1 device": (1, 1), "1 process x 2 devices": (1, 2), "2 processes x 1 device": (2, 1)}
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def one_run(flags: list[str], layout: str, cache: str) -> dict:
     """The command in the layout; process 0's summary: steps/s, final return, evaluations, and the
     seconds until every process exited."""
-    processes, devices = LAYOUTS[layout]
-    env = {**common.user_env(), "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}"}
-    if processes > 1:
-        flags = [*flags, "--distributed", "--coordinator-address", f"127.0.0.1:{free_port()}",
-                 "--num-processes", str(processes)]
-    # One core per process (bench_distributed.py: unpinned, their XLA threads oversubscribe both)
-    pin = lambda i: ["taskset", "-c", str(i)] if processes > 1 and shutil.which("taskset") else []
-    with tempfile.TemporaryDirectory() as log_dir:
-        command = [sys.executable, str(common.ALGOS / "ppo.py"), *flags, "--no-track",
-                   "--compile-cache-dir", cache, "--log-dir", log_dir]
-        t0 = time.perf_counter()
-        procs = [subprocess.Popen(pin(i) + command + (["--process-id", str(i)] if processes > 1
-                                                      else []), env=env, stdout=subprocess.PIPE,
-                                  stderr=subprocess.PIPE, text=True)
-                 for i in range(processes)]
-        outs = [proc.communicate(timeout=1800) for proc in procs]
-        process_s = time.perf_counter() - t0
-    for proc, (_, err) in zip(procs, outs):
-        if proc.returncode:
-            raise RuntimeError(f"{layout}: exit {proc.returncode}: {err[-2000:]}")
-    out = outs[0][0]
-    number = lambda pattern: float(re.search(pattern, out).group(1).replace(",", ""))
+    outs, process_s = common.run_processes("ppo", flags, *LAYOUTS[layout], cache)
+    number = lambda pattern: float(re.search(pattern, outs[0]).group(1).replace(",", ""))
     return {"sps": number(r"\|\s+([\d,]+) steps/s"), "process_s": process_s,
             "final": number(r"final return per seed \(last 5% of updates\): (\S+)"),
             "greedy": number(r"eval/episodic_return_greedy per seed \(\d+ episodes\): (\S+)"),
             "sampled": number(r"eval/episodic_return_sampled per seed \(\d+ episodes\): (\S+)"),
-            "devices": re.search(r"(\d+ device\(s\)[^|]*?)  compile", out).group(1)}
+            "devices": re.search(r"(\d+ device\(s\)[^|]*?)  compile", outs[0]).group(1)}
 
 
 def run(quick: bool = False, repeats: int = 3) -> str:

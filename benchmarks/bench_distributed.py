@@ -14,13 +14,9 @@ Target (issue 19): 2 processes x 1 core within 10% of 1 process x 2 devices. Dur
 from __future__ import annotations
 
 import argparse
-import shutil
-import socket
 import statistics
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -34,35 +30,9 @@ SWEEPS = {
 QUICK = {"ppo": ["--total-timesteps", "20480"], "q_learning": ["--total-timesteps", "2000"]}
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def one_layout(name: str, flags: list[str], processes: int, cache: str) -> float:
     """Whole-process seconds until every process of the layout has exited."""
-    env = {**common.user_env(),
-           "XLA_FLAGS": f"--xla_force_host_platform_device_count={2 // processes}"}
-    if processes > 1:
-        flags = [*flags, "--distributed", "--coordinator-address", f"127.0.0.1:{free_port()}",
-                 "--num-processes", str(processes)]
-    # One core per process: unpinned, each 1-device process's XLA threads spread over both cores
-    # and the two oversubscribe them (measured on q_learning's sweep: 120 s instead of 58 s).
-    pin = lambda i: ["taskset", "-c", str(i)] if processes > 1 and shutil.which("taskset") else []
-    with tempfile.TemporaryDirectory() as log_dir:  # the run directory: process 0's checkpoints
-        command = [sys.executable, str(common.ALGOS / f"{name}.py"), *flags, "--no-track",
-                   "--compile-cache-dir", cache, "--log-dir", log_dir]
-        t0 = time.perf_counter()
-        procs = [subprocess.Popen(pin(i) + command + (["--process-id", str(i)] if processes > 1
-                                                      else []), env=env, stdout=subprocess.PIPE,
-                                  stderr=subprocess.PIPE, text=True)
-                 for i in range(processes)]
-        for proc in procs:
-            _, err = proc.communicate(timeout=1800)
-            if proc.returncode:
-                raise RuntimeError(f"{name} x{processes}: exit {proc.returncode}: {err[-2000:]}")
-        return time.perf_counter() - t0
+    return common.run_processes(name, flags, processes, 2 // processes, cache)[1]
 
 
 def run(repeats: int, quick: bool, names=tuple(SWEEPS)) -> str:

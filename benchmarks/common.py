@@ -10,6 +10,8 @@ import json
 import os
 import platform
 import resource
+import shutil
+import socket
 import subprocess
 import sys
 import tempfile
@@ -187,6 +189,36 @@ def worker_entry(fn) -> bool:
         print(json.dumps(result))
         return True
     return False
+
+
+def run_processes(name: str, flags: list[str], processes: int, devices: int,
+                  cache: str) -> tuple[list[str], float]:
+    """`python algos/<name>.py FLAGS --no-track` as `processes` processes of `devices` devices
+    each (several: --distributed on 127.0.0.1, one core each by taskset: unpinned, each process's
+    XLA threads spread over every core and they oversubscribe them, a q_learning sweep took 120 s
+    instead of 58 s), its run directory in a temporary folder: (each process's stdout, seconds
+    until every one exited). A process that fails raises RuntimeError with its error output."""
+    env = {**user_env(), "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}"}
+    if processes > 1:
+        with socket.socket() as s:  # a free port for the coordinator
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        flags = [*flags, "--distributed", "--coordinator-address", f"127.0.0.1:{port}",
+                 "--num-processes", str(processes)]
+    pin = lambda i: ["taskset", "-c", str(i)] if processes > 1 and shutil.which("taskset") else []
+    with tempfile.TemporaryDirectory() as log_dir:  # the run directory: process 0's checkpoints
+        command = [sys.executable, str(ALGOS / f"{name}.py"), *flags, "--no-track",
+                   "--compile-cache-dir", cache, "--log-dir", log_dir]
+        rank = lambda i: ["--process-id", str(i)] if processes > 1 else []
+        t0 = time.perf_counter()
+        procs = [subprocess.Popen(pin(i) + command + rank(i), env=env, stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, text=True) for i in range(processes)]
+        outs = [proc.communicate(timeout=1800) for proc in procs]
+        seconds = time.perf_counter() - t0
+    for proc, (_, err) in zip(procs, outs):
+        if proc.returncode:
+            raise RuntimeError(f"{name} x{processes}: exit {proc.returncode}: {err[-2000:]}")
+    return [out for out, _ in outs], seconds
 
 
 def import_algo(name: str, folder: Path = ALGOS):
