@@ -1181,10 +1181,11 @@ def read_saved(args: Args, argv) -> tuple:
     return dataclasses.replace(args, **kept), saved
 
 
-def play(args: Args, runner, key, episodes: int):
-    """`episodes` fresh episodes of a run's policy by its greedy actions, as many exploring, to
-    the time limit (one episode a slot: a policy's memory runs from its start to its end): per
-    step [T, 2 x episodes] the env states before it, rewards, ended."""
+def play(args: Args, runner, key, episodes: int, record: bool = True):
+    """`episodes` fresh episodes of a run's policy by its greedy actions, as many exploring (one
+    episode a slot: a policy's memory runs from its start to its end). record: a scan to the time
+    limit, per step [T, 2 x episodes] the env states before it, rewards, ended; else each slot's
+    return [2 x episodes], by a loop that stops when every episode has ended."""
     import gymnax
     env, env_params = gymnax.make(args.env_id)
     train, vstep = make_train(args), jax.vmap(env.step, in_axes=(0, 0, 0, None))
@@ -1204,8 +1205,17 @@ def play(args: Args, runner, key, episodes: int):
     obs, env_state = jax.vmap(env.reset, in_axes=(0, None))(
         jax.random.split(keys[0], 2 * episodes), env_params)
     memories = (train.initial_memory(episodes), train.initial_memory(episodes))
-    return jax.lax.scan(step, (obs, env_state, memories, jnp.zeros(2 * episodes, bool)),
-                        keys[1:])[1]
+    start = (obs, env_state, memories, jnp.zeros(2 * episodes, bool))
+    if record:
+        return jax.lax.scan(step, start, keys[1:])[1]
+
+    def advance(loop):
+        t, carry, returns = loop
+        carry, (_, reward, ended) = step(carry, keys[t + 1])
+        return t + 1, carry, returns + jnp.where(ended, 0.0, reward)
+
+    unfinished = lambda loop: (loop[0] < len(keys) - 1) & ~loop[1][-1].all()
+    return jax.lax.while_loop(unfinished, advance, (0, start, jnp.zeros(2 * episodes)))[2]
 
 
 def evaluator(args: Args):
@@ -1216,8 +1226,7 @@ def evaluator(args: Args):
         return None
 
     def mean_returns(runner, key):
-        _, rewards, ended = play(args, runner, key, args.eval_episodes)
-        returns = jnp.split(jnp.where(ended, 0.0, rewards).sum(0), 2)  # greedy, sampled
+        returns = jnp.split(play(args, runner, key, args.eval_episodes, record=False), 2)
         return {f"eval/episodic_return_{kind}": x.mean()
                 for kind, x in zip(("greedy", "sampled"), returns)}
 
