@@ -687,10 +687,11 @@ def start_processes(args: Args):
 # The devices form a mesh: "runs" splits the sweep's runs into groups of devices, "batch" a run's
 # SPLIT (its envs) over the devices of its group; the gradients and statistics of such a run are
 # averaged over them (make_train's axis). A state leaf is [runs, ...] as one device holds it.
-def layout(args: Args, limit: Optional[int] = None) -> tuple:
-    """(groups, span): the runs over `groups` groups of `span` devices each, every process lending
-    as many (<= limit): the most devices, then the most groups (the fewest collectives). A span
-    must split a run's SPLIT into valid runs; --devices-per-run sets it. ArgError if none fits."""
+def layout(args: Args, limit: Optional[int] = None) -> Mesh:
+    """The mesh of the devices: the runs over groups ("runs") of `span` devices ("batch"), every
+    process lending its first ones, as many (<= limit): the most devices, then the most groups (the
+    fewest collectives). A span must split a run's SPLIT into valid runs; --devices-per-run sets
+    it. A run's devices are consecutive: on one process, or on several. ArgError if none fits."""
     runs, processes = len(grid(args)) * args.num_seeds, jax.process_count()
     local = min(limit or jax.local_device_count(), jax.local_device_count())
     reasons = {span: why_not_split(args, span) for span in range(1, processes * local + 1)}
@@ -702,13 +703,16 @@ def layout(args: Args, limit: Optional[int] = None) -> tuple:
             if not (apart or reasons[span]) and whole and args.devices_per_run in (None, span):
                 fits.append((groups * span, groups, span))
     if fits:
-        return max(fits)[1:]
-    fixed = args.devices_per_run
-    if reasons.get(fixed):
-        raise ArgError(f"--devices-per-run {fixed}: {reasons[fixed]}")
-    fixed = f" with --devices-per-run {fixed}" if fixed else ""
+        _, groups, span = max(fits)
+        by_process = [sorted((d for d in jax.devices() if d.process_index == p),
+                             key=lambda d: d.id)[:groups * span // processes]
+                      for p in range(processes)]
+        return Mesh(np.array(by_process).reshape(groups, span), ("runs", "batch"))
+    if reasons.get(args.devices_per_run):
+        raise ArgError(f"--devices-per-run {args.devices_per_run}: {reasons[args.devices_per_run]}")
+    asked = f" with --devices-per-run {args.devices_per_run}" if args.devices_per_run else ""
     raise ArgError(f"{runs} runs (configurations x seeds) of {flag(SPLIT)} {getattr(args, SPLIT)} "
-                   f"do not split over {processes} processes x {local} devices{fixed}")
+                   f"do not split over {processes} processes x {local} devices{asked}")
 
 
 def why_not_split(args: Args, span: int) -> Optional[str]:
@@ -790,16 +794,6 @@ def compile_sweep(args: Args, mesh, specs, train, keys, hp, resuming: bool):
     return run_init, run_segment, length
 
 
-def device_mesh(args: Args, num_devices: Optional[int] = None) -> Mesh:
-    """layout(args)'s mesh: its groups of devices ("runs") x each group's span ("batch"), every
-    process lending its first devices (a run's are consecutive: on one process, or on several)."""
-    groups, span = layout(args, num_devices)
-    lent = groups * span // jax.process_count()
-    by_process = [sorted((d for d in jax.devices() if d.process_index == p), key=lambda d: d.id)
-                  for p in range(jax.process_count())]
-    return Mesh(np.array([d[:lent] for d in by_process]).reshape(groups, span), ("runs", "batch"))
-
-
 def pbt_step(args: Args, explore, state, hp, metrics, first: int, length: int, num_updates: int):
     """(state, hp, copied_from) for the segment from update `first`, after a step of the population
     if one is due (every --pbt-every segments of `length` updates), else copied_from None. Fitness:
@@ -814,11 +808,11 @@ def pbt_step(args: Args, explore, state, hp, metrics, first: int, length: int, n
 
 def segments(args: Args, num_devices: Optional[int] = None, start=None):
     """Train grid(args) x seeds (seed k: the k-th split of PRNGKey(args.seed)) in num_segments
-    calls of one program over the devices (device_mesh), PBT between two; from `start`, a
+    calls of one program over the devices (layout), PBT between two; from `start`, a
     checkpoint's (state, metrics), on --resume. Yields after each (state, metrics [runs, updates
     so far], timing), all the processes' runs; the next segment runs while the caller writes."""
     configs, seeds, runs = grid(args), args.num_seeds, len(grid(args)) * args.num_seeds
-    mesh = device_mesh(args, num_devices)
+    mesh = layout(args, num_devices)
     span, on_runs = mesh.shape["batch"], partial(on_mesh, mesh, specs=P("runs"))
     keys = jnp.tile(jax.random.split(jax.random.PRNGKey(args.seed), seeds), (len(configs), 1))
     hp_runs = {k: np.repeat(np.float32([c[k] for c in configs]), seeds) for k in HPARAMS}

@@ -64,7 +64,7 @@ def test_seeds_not_divisible_by_devices_span_them(module):
     _, metrics, timing = module.run(args)
     assert (timing["devices"], timing["span"]) == (2, 2)
     assert np.asarray(metrics["env_steps"]).shape[0] == 3
-    assert module.layout(module.validate(module.Args(num_seeds=3, num_agents=3))) == (1, 1)
+    assert module.layout(module.validate(module.Args(num_seeds=3, num_agents=3))).size == 1
 
 
 @pytest.mark.parametrize("module", [ppo, vpg, ql], ids=lambda m: m.__name__)

@@ -27,11 +27,11 @@ from conftest import (
 # on how many seeds. "final" = mean episode_return over the last 5% of updates; "rise" = how far
 # the last 10% of updates must score above the first 10%.
 LEARNING = {
-    # 3 seeds on conftest's 2 devices: each a run over both (its envs split, gradients averaged)
-    "cartpole_default": dict(args=dict(env_id="CartPole-v1"), budget=300_000, seeds=3,
+    "cartpole_default": dict(args=dict(env_id="CartPole-v1"), budget=300_000, seeds=4,
                              mean=475.0, worst=450.0, rise=150.0),
+    # 3 seeds on conftest's 2 devices: each a run over both (its envs split, gradients averaged)
     "cartpole_2048_envs": dict(args=dict(env_id="CartPole-v1", num_envs=2048), budget=2_000_000,
-                               seeds=4, mean=475.0, worst=450.0, rise=150.0),
+                               seeds=3, mean=475.0, worst=450.0, rise=150.0),
     "pendulum_default": dict(args=dict(env_id="Pendulum-v1"), budget=1_000_000, seeds=4,
                              mean=-250.0, worst=None, rise=300.0),
 }
@@ -43,7 +43,7 @@ def test_learns(case):
     of every evaluation episode with its most likely actions."""
     spec = LEARNING[case]
     if spec["seeds"] == 3:  # runs over 2 devices, as 1 seed would be
-        assert ppo.layout(ppo.validate(ppo.Args(num_seeds=3, **spec["args"]))) == (1, 2)
+        assert ppo.layout(ppo.validate(ppo.Args(num_seeds=3, **spec["args"]))).shape["batch"] == 2
     args, state, finals = assert_learns(ppo, spec)
     if args.env_id == "CartPole-v1":
         greedy = ppo.evaluator(args)(state)["eval/episodic_return_greedy"]
