@@ -30,7 +30,7 @@ def test_one_device_per_core_and_cache_on_rerun(script, tmp_path):
     cores = os.cpu_count()
     env = {k: v for k, v in os.environ.items() if k not in (
         "XLA_FLAGS", "JAX_NUM_CPU_DEVICES", "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS")}
-    flags = [*TINY[script], "--num-seeds", cores, "--no-track",
+    flags = [*TINY[script], "--num-seeds", cores, "--no-track", "--eval-episodes", 0,
              "--compile-cache-dir", tmp_path / "cache"]
     first, second = (run_script(script, *flags, cwd=tmp_path, env=env) for _ in range(2))
     for proc in (first, second):
