@@ -311,6 +311,8 @@ def make_train(args, axis=None):
     def update(hp, runner: RunnerState):
         mine = len(runner.agents.obs)  # this device's agents; [S, A] float32 q and bool visited:
         num_blocks = mine // block_size(mine, model.R.size * 5)
+        # A key per block of the whole run's (psum(1): its devices), this device's share of them:
+        # on another layout the blocks, and so their draws, differ (agents are independent)
         key, *block_keys = jax.random.split(runner.key, num_blocks * psum(1) + 1)
         blocks = jax.tree.map(lambda x: x.reshape(num_blocks, -1, *x.shape[1:]), runner.agents)
         first_step = runner.updates_done * args.num_steps

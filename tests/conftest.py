@@ -1,8 +1,8 @@
 """Shared test setup and helpers.
 
-Two host CPU devices (so every run exercises the pmap path), a temporary compilation cache (the
-user's own is never touched), algos/ on sys.path, and the helpers
-the per-algorithm test files share: running a script as a user would, checking a usage error, and
+Two host CPU devices (so every run exercises the multi-device path), a temporary compilation
+cache (the user's own is never touched), algos/ on sys.path, and the helpers the per-algorithm
+test files share: running a script as a user would, checking a usage error, and
 reading tensorboard scalars back."""
 import os
 import subprocess
@@ -63,9 +63,10 @@ def assert_usage_error(script, flags, flag, tmp_path):
     compiles = []
 
     def listener(event, duration, fun_name="", **kwargs):
-        # pmap(f) compiles as "jit(_fun)" in jax 0.10; a jitted train as "jit(train)".
+        # The runner's programs compile as "jit(init)" and "jit(one_segment)"; a jitted train as
+        # "jit(train)"; pmap(f) (is_eval.py's sweep) as "jit(_fun)".
         if event.endswith("backend_compile_duration") and any(
-                word in fun_name for word in ("_fun", "pmap", "train")):
+                word in fun_name for word in ("_fun", "pmap", "train", "jit(init)", "one_segment")):
             compiles.append(fun_name)
 
     def must_not_run(*args, **kwargs):
