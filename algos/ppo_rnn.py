@@ -7,7 +7,9 @@ from its state at the rollout's start: a minibatch is a set of whole envs. All i
     python algos/ppo_rnn.py                              # CartPole-v1, 4 seeds, 300k steps each
     python algos/ppo_rnn.py --env-id MemoryChain-bsuite  # recall a bit seen 5 steps before
     python algos/ppo_rnn.py --mask-velocity              # CartPole-v1 without its velocities
-Expect (results/RNN.md): CartPole-v1 at 500 (without velocities, 430-500); MemoryChain-bsuite 1.
+Expect (benchmarks/results/RNN.md, 4 seeds, greedy evaluation [final training return per seed]):
+CartPole-v1 500 [500 on 3 seeds, 470.4]; without velocities 499.4 at 1M steps [373 to 500];
+Pendulum-v1 without velocities -175 [-164 to -210]; MemoryChain-bsuite 1 [1 on each] (ppo.py 0.02).
 """
 
 # ============================================================================ imports
@@ -92,12 +94,15 @@ class RunningStats(NamedTuple):
     var: jax.Array
     count: jax.Array
 
-    def update(self, batch, psum=lambda x: x):
-        """The statistics with batch [n, ...] added: a device's share (psum adds the run's)."""
-        b_count = psum(batch.shape[0])
-        b_mean = psum(batch.sum(0)) / b_count
-        b_var = psum(((batch - b_mean) ** 2).sum(0)) / b_count
-        delta, total = b_mean - self.mean, self.count + b_count
+    def moments(self, batch):
+        """A batch's [n, ...] count, sum and squares about the mean so far: what devices add."""
+        return jnp.float32(len(batch)), batch.sum(0), ((batch - self.mean) ** 2).sum(0)
+
+    def update(self, moments):
+        """The statistics joined with a batch's moments (a run's: those of all its devices)."""
+        b_count, b_sum, b_squares = moments
+        delta, total = b_sum / b_count - self.mean, self.count + b_count
+        b_var = b_squares / b_count - delta**2
         mean = self.mean + delta * b_count / total
         m2 = self.var * self.count + b_var * b_count + delta**2 * self.count * b_count / total
         return RunningStats(mean, m2 / total, total)
@@ -209,10 +214,10 @@ def standardize(x, psum=lambda x: x):
     return (x - mean) / (jnp.sqrt(psum(((x - mean) ** 2).sum()) / count) + 1e-8)
 
 
-def pmean_flat(tree, axis_name):
-    """jax.lax.pmean of a pytree as one flat array (XLA's CPU all-reduce meets once per array)."""
+def flat_collective(collective, tree, axis_name):
+    """A collective (pmean, psum) of a pytree as one array: XLA CPU's meets once per array."""
     flat, unflatten = ravel_pytree(tree)
-    return unflatten(jax.lax.pmean(flat, axis_name))
+    return unflatten(collective(flat, axis_name))
 
 
 def loss_fn(params, network, hp, clip_vloss, memory, batch: Transition, advantages, targets):
@@ -258,14 +263,27 @@ def make_train(args, axis=None):
     def over_devices(collective):  # over the run's devices (axis); nothing to do on one
         return (lambda x: x) if axis is None else partial(collective, axis_name=axis)
 
-    psum, pmean = over_devices(jax.lax.psum), over_devices(pmean_flat)
+    psum, pmean = over_devices(jax.lax.psum), over_devices(partial(flat_collective, jax.lax.pmean))
+    psum_flat = over_devices(partial(flat_collective, jax.lax.psum))  # many arrays, one all-reduce
 
-    def env_keys(key):  # a key for each env of the run, this device's envs' (one device: all)
-        keys = jax.random.split(key, args.num_envs)
+    def share(x):  # this device's rows of a run-wide array ordered by env (one device: all)
         if axis is None:
-            return keys
-        size = args.num_envs // jax.lax.axis_size(axis)
-        return jax.lax.dynamic_slice_in_dim(keys, jax.lax.axis_index(axis) * size, size)
+            return x
+        size = len(x) // jax.lax.axis_size(axis)
+        return jax.lax.dynamic_slice_in_dim(x, jax.lax.axis_index(axis) * size, size)
+
+    def env_keys(key):  # a key for each env of the run: the same however the envs are split
+        return share(jax.random.split(key, args.num_envs))
+
+    def minibatches(key, batch):
+        """batch [n, ...] (this device's n envs, whole sequences) -> [num_minibatches, n / M, ...],
+        the same on any layout: the run's envs in blocks of M = num_minibatches, each block's
+        order shuffled by a key of its own, minibatch i takes the i-th env of every block. (Unlike
+        a shuffle of all envs, no two envs of a block share a minibatch.)"""
+        keys = share(jax.random.split(key, args.num_envs // args.num_minibatches))
+        order = jax.vmap(jax.random.permutation, in_axes=(0, None))(keys, args.num_minibatches)
+        index = (order + args.num_minibatches * jnp.arange(len(keys))[:, None]).T
+        return jax.tree.map(lambda x: x[index], batch)
 
     def step(params, memory, obs, first):  # one step of N envs (obs [N, ...]): sequences of 1
         memory, dist, value = network.apply(params, memory, obs[:, None], first[:, None])
@@ -280,10 +298,19 @@ def make_train(args, axis=None):
     to_env = lambda action: (jnp.clip(action, action_space.low, action_space.high) if continuous
                              else action)
 
+    def normalizer(runner, next_obs, discounted_return):
+        """(obs_stats, return_stats) with a step's added by one all-reduce over the run's devices:
+        the observations the next step acts on (init adds the first: stats include runner.obs),
+        the discounted returns, whose std scales the rewards (as gym's NormalizeReward)."""
+        obs_stats, return_stats = runner.obs_stats, runner.return_stats
+        moments = psum_flat((
+            obs_stats.moments(next_obs) if args.normalize_obs else (),
+            return_stats.moments(discounted_return[:, None]) if args.normalize_reward else ()))
+        return (obs_stats.update(moments[0]) if args.normalize_obs else obs_stats,
+                return_stats.update(moments[1]) if args.normalize_reward else return_stats)
+
     def env_step(hp, runner: RunnerState, _):
-        obs_stats = (runner.obs_stats.update(runner.obs, psum) if args.normalize_obs
-                     else runner.obs_stats)
-        obs = normalize(runner.obs, obs_stats, args.normalize_obs)
+        obs = normalize(runner.obs, runner.obs_stats, args.normalize_obs)  # (stats include it)
         key, k_act, k_env = jax.random.split(runner.key, 3)
 
         def act_one(memory, obs, first, key):  # each env by a key of its own, however split
@@ -297,24 +324,23 @@ def make_train(args, axis=None):
             env_keys(k_env), runner.env_state, to_env(action), env_params)
         done = jnp.logical_or(terminated, truncated)
         terminated, truncated = terminated.astype(jnp.float32), truncated.astype(jnp.float32)
-        # Reward scaling divides by the std of the discounted return (as gym's NormalizeReward).
         discounted_return = runner.discounted_return * hp["gamma"] + reward
-        return_stats = (runner.return_stats.update(discounted_return[:, None], psum)
-                        if args.normalize_reward else runner.return_stats)
+        next_obs = as_inputs(next_obs)
+        obs_stats, return_stats = normalizer(runner, next_obs, discounted_return)
         scaled_reward = reward / jnp.sqrt(return_stats.var[0] + 1e-8) if args.normalize_reward \
             else reward
         episode_return = runner.episode_return + reward
         episode_length = runner.episode_length + 1
         # V(final obs) by the episode's memory, before the reset (PureJaxRL's ignores truncation)
-        final_obs = normalize(as_inputs(info["final_observation"]), obs_stats, args.normalize_obs)
+        final_obs = normalize(as_inputs(info["final_observation"]), runner.obs_stats,
+                              args.normalize_obs)
         next_value = step(runner.params, memory, final_obs, jnp.zeros_like(done))[2]
         transition = Transition(obs, runner.first, action, log_prob, value, scaled_reward,
                                 next_value, terminated, truncated)
         finished = (done.sum(), (episode_return * done).sum(), (episode_length * done).sum())
         runner = runner._replace(
-            env_state=env_state, obs=as_inputs(next_obs), first=done, memory=memory,
-            obs_stats=obs_stats, return_stats=return_stats,
-            discounted_return=jnp.where(done, 0.0, discounted_return),
+            env_state=env_state, obs=next_obs, first=done, memory=memory, obs_stats=obs_stats,
+            return_stats=return_stats, discounted_return=jnp.where(done, 0.0, discounted_return),
             episode_return=jnp.where(done, 0.0, episode_return),
             episode_length=jnp.where(done, 0, episode_length), key=key)
         return runner, (transition, finished)
@@ -329,15 +355,13 @@ def make_train(args, axis=None):
     def update_epoch(hp, tx, carry, _):
         params, opt_state, batch, key = carry
         key, k_perm = jax.random.split(key)
-        perm = jax.random.permutation(k_perm, len(batch[0]))  # this device's envs, whole
-        memory, traj, advantages, targets = jax.tree.map(
-            lambda x: x[perm].reshape(args.num_minibatches, -1, *x.shape[1:]), batch)
+        memory, traj, advantages, targets = minibatches(k_perm, batch)
         # Each minibatch's advantages standardized over it (all the run's devices' shares: here,
         # for all minibatches at once, not a collective in each step)
         advantages = jax.vmap(partial(standardize, psum=psum))(advantages)
-        minibatches = (memory, traj, advantages, targets)
         (params, opt_state), stats = jax.lax.scan(partial(update_minibatch, hp, tx),
-                                                  (params, opt_state), minibatches)
+                                                  (params, opt_state),
+                                                  (memory, traj, advantages, targets))
         return (params, opt_state, batch, key), stats
 
     def update(hp, runner: RunnerState):
@@ -345,8 +369,9 @@ def make_train(args, axis=None):
         memory = runner.memory  # each env's state at the rollout's start: its re-run's start
         runner, (traj, finished) = jax.lax.scan(partial(env_step, hp), runner, None,
                                                 args.num_steps)
-        advantages, targets = compute_gae(traj.reward, traj.value, traj.next_value, traj.terminated,
-                                          traj.truncated, hp["gamma"], hp["gae_lambda"])
+        advantages, targets = compute_gae(traj.reward, traj.value, traj.next_value,
+                                          traj.terminated, traj.truncated, hp["gamma"],
+                                          hp["gae_lambda"])
         batch = (memory, *jax.tree.map(lambda x: x.swapaxes(0, 1), (traj, advantages, targets)))
         key, k_epochs = jax.random.split(runner.key)
         (params, opt_state, _, _), stats = jax.lax.scan(
@@ -372,13 +397,16 @@ def make_train(args, axis=None):
                               jnp.ones((1, 1), bool))
         obs, env_state = jax.vmap(env.reset, in_axes=(0, None))(env_keys(k_env), env_params)
         stats = lambda shape: RunningStats(jnp.zeros(shape), jnp.ones(shape), jnp.asarray(1e-4))
+        obs_stats = stats(obs_shape)
+        if args.normalize_obs:  # the first observations (each env step adds the next ones)
+            obs_stats = obs_stats.update(psum_flat(obs_stats.moments(as_inputs(obs))))
         envs = len(obs)  # this device's
         return RunnerState(
             params=params, opt_state=make_tx(hp).init(params), env_state=env_state,
-            obs=as_inputs(obs), first=jnp.ones(envs, bool), memory=initial_memory(envs),
-            obs_stats=stats(obs_shape), return_stats=stats((1,)),
-            discounted_return=jnp.zeros(envs), episode_return=jnp.zeros(envs), key=k_run,
-            updates_done=jnp.int32(0), episode_length=jnp.zeros(envs, jnp.int32))
+            obs=as_inputs(obs), obs_stats=obs_stats, return_stats=stats((1,)),
+            first=jnp.ones(envs, bool), memory=initial_memory(envs),
+            discounted_return=jnp.zeros(envs), episode_return=jnp.zeros(envs),
+            episode_length=jnp.zeros(envs, jnp.int32), key=k_run, updates_done=jnp.int32(0))
 
     def act(runner: RunnerState, obs, memory, key=None):
         """Actions for raw observations [N, ...], normalisation frozen: sampled, or greedy."""
@@ -555,9 +583,10 @@ class Args(Hyperparams, ExtraFlags):
     """--distributed: how many processes take part; unset: detected"""
     process_id: Optional[int] = None
     """--distributed: this process's index, 0 to num_processes - 1; unset: detected"""
-    devices_per_run: Optional[int] = None
-    """devices one run spans (its envs split, its gradients averaged); unset: runs fill the
-    devices, and each spans several when there are fewer runs than devices"""
+    devices_per_run: typing.Annotated[Optional[int], tyro.conf.arg(help=(
+        f"devices one run spans: its --{SPLIT.replace('_', '-')} shared out over them, what it "
+        "averages averaged over all; unset: runs fill the devices, each spanning several when "
+        "there are fewer runs than devices; --resume keeps the run's"))] = None
     pbt: bool = False
     """population-based training: the sweep's runs copy better ones and perturb the swept floats
     (x0.8 or x1.25; a discount's 1 - x; a 0 stays 0)"""
@@ -703,6 +732,9 @@ def layout(args: Args, limit: Optional[int] = None) -> Mesh:
     it. A run's devices are consecutive: on one process, or on several. ArgError if none fits."""
     runs, processes = len(grid(args)) * args.num_seeds, jax.process_count()
     local = min(limit or jax.local_device_count(), jax.local_device_count())
+    if (args.devices_per_run or 0) > processes * local:
+        raise ArgError(f"--devices-per-run {args.devices_per_run}: more than the "
+                       f"{processes * local} devices here ({processes} process(es) x {local})")
     reasons = {span: why_not_split(args, span) for span in range(1, processes * local + 1)}
     fits = []
     for groups in (g for g in range(1, runs + 1) if runs % g == 0):
@@ -998,6 +1030,8 @@ def summary(args: Args, metrics, timing, evals={}) -> str:
              f"{metrics['env_steps'][0, -1]:,.0f} steps",  # then the flags as resolved, but swept
              "flags: " + " ".join(f"{k}={v[0] if k in HPARAMS else v}" for k, v in flags.items())]
     per_run = f" ({timing['span']} a run)" if timing["span"] > 1 else ""
+    if timing["span"] == 1 and timing["devices"] < jax.device_count():  # devices left idle
+        per_run = f" (a run on each: {why_not_split(args, 2) or '--devices-per-run 1'})"
     timing_line = (f"{timing['devices']} device(s){per_run}  compile {timing['compile_s']:.1f} s"
                    f"{' (cache)' if timing['cached'] else ''}  run {timing['run_s']:.1f} s  |  "
                    f"{timing['sps']:,.0f} steps/s")
@@ -1123,10 +1157,12 @@ UMASK = os.umask(0o022)  # read (and put back) once
 os.umask(UMASK)
 
 
-def write_checkpoint(run_dir, args: Args, state, metrics, num_updates):
-    """run_dir/checkpoint.msgpack: the arguments, every run's state and metrics, after a SHA-256."""
+def write_checkpoint(run_dir, args: Args, state, metrics, num_updates, span: int = 1):
+    """run_dir/checkpoint.msgpack: the arguments, every run's state and metrics, and the devices a
+    run spans (--resume keeps them), after a SHA-256."""
     data = flax.serialization.msgpack_serialize({
         "format": FORMAT, "file": os.path.basename(__file__), "num_updates": num_updates,
+        "span": span,
         "args": json.dumps(dataclasses.asdict(args)), "metrics": metrics,
         "state": flax.serialization.to_state_dict(state)})
     write_atomic(os.path.join(run_dir, "checkpoint.msgpack"), hashlib.sha256(data).digest() + data)
@@ -1304,7 +1340,7 @@ def train_and_write(args: Args, checkpoint, run_dir, is_lead: bool):
             speed = [timing["sps"]] * len(metrics["env_steps"])
             events.write(metrics, {"charts/SPS": speed, **evals})
         if is_lead:
-            write_checkpoint(run_dir, args, state, metrics, timing["num_updates"])
+            write_checkpoint(run_dir, args, state, metrics, timing["num_updates"], timing["span"])
             print(progress(args, metrics, timing), flush=True)
         # Every process stops after the same segment: the others would wait for it forever.
         stop = multihost_utils.process_allgather(np.int32(STOP[0] if STOP else 0))
@@ -1349,6 +1385,8 @@ def main():
         args, saved = parse(sys.argv[1:]), None
         if args.resume or args.load_model:  # the saved flags, before any is judged
             args, saved = read_saved(args, sys.argv[1:])
+        if args.resume and args.devices_per_run is None:  # the run's layout, as it was started
+            args = dataclasses.replace(args, devices_per_run=int(saved.get("span", 1)))
         args = validate(args)
         start_processes(args)
         layout(args)  # runs and envs that do not split over the devices: one line, now
@@ -1363,6 +1401,8 @@ def main():
     # The cache is set up at the first compile (importing gymnax runs some): set it up again.
     compilation_cache.set_cache_dir(args.compile_cache_dir or None)
     compilation_cache.reset_cache()
+    if "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS" not in os.environ:  # every program, not only
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)  # those over 1 s
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, stop_after_segment)
     threading.excepthook = Tensorboard.quiet_writer_errors

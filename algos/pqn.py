@@ -218,12 +218,29 @@ def make_train(args, axis=None):
 
     psum, pmean = over_devices(jax.lax.psum), over_devices(pmean_flat)
 
-    def env_keys(key):  # a key for each env of the run, this device's envs' (one device: all)
-        keys = jax.random.split(key, args.num_envs)
+    def share(x):  # this device's rows of a run-wide array ordered by env (one device: all)
         if axis is None:
-            return keys
-        size = args.num_envs // jax.lax.axis_size(axis)
-        return jax.lax.dynamic_slice_in_dim(keys, jax.lax.axis_index(axis) * size, size)
+            return x
+        size = len(x) // jax.lax.axis_size(axis)
+        return jax.lax.dynamic_slice_in_dim(x, jax.lax.axis_index(axis) * size, size)
+
+    def env_keys(key):  # a key for each env of the run: the same however the envs are split
+        return share(jax.random.split(key, args.num_envs))
+
+    group = args.num_minibatches // np.gcd(args.num_steps, args.num_minibatches)
+
+    def minibatches(key, batch):
+        """batch [T, n, ...] (this device's n envs) -> [minibatches, T n / minibatches, ...], the
+        same samples on any layout: the run's envs in blocks of `group` (the fewest whose steps
+        split into the minibatches: one env if they divide T), each block's steps shuffled by a key
+        of its own; minibatch i is chunk i of every block (so it holds as many of each block's)."""
+        keys = share(jax.random.split(key, args.num_envs // group))
+        order = jax.vmap(jax.random.permutation, in_axes=(0, None))(keys, group * args.num_steps)
+        env = jnp.arange(len(keys))[:, None] * group + order // args.num_steps
+        index = (order % args.num_steps) * (len(keys) * group) + env  # in the [T * n] batch
+        index = index.reshape(len(keys), args.num_minibatches, -1).swapaxes(0, 1)
+        index = index.reshape(args.num_minibatches, -1)
+        return jax.tree.map(lambda x: x.reshape(-1, *x.shape[2:])[index], batch)
 
     def env_step(hp, runner: RunnerState, _):
         key, k_act, k_env = jax.random.split(runner.key, 3)
@@ -257,11 +274,8 @@ def make_train(args, axis=None):
     def update_epoch(tx, carry, _):
         params, opt_state, batch, key = carry
         key, k_perm = jax.random.split(key)
-        perm = jax.random.permutation(k_perm, len(batch[1]))  # this device's share of the batch
-        minibatches = jax.tree.map(
-            lambda x: x[perm].reshape(args.num_minibatches, -1, *x.shape[1:]), batch)
         (params, opt_state), stats = jax.lax.scan(partial(update_minibatch, tx),
-                                                  (params, opt_state), minibatches)
+                                                  (params, opt_state), minibatches(k_perm, batch))
         return (params, opt_state, batch, key), stats
 
     def update(hp, runner: RunnerState):
@@ -276,8 +290,7 @@ def make_train(args, axis=None):
                                                 args.num_steps)
         targets = q_lambda_targets(traj.reward, traj.next_q_max, traj.terminated, traj.truncated,
                                    hp["gamma"], hp["q_lambda"])
-        flat = lambda x: x.reshape(-1, *x.shape[2:])
-        batch = jax.tree.map(flat, (traj.obs, traj.action, targets))
+        batch = (traj.obs, traj.action, targets)
         key, k_epochs = jax.random.split(runner.key)
         (params, opt_state, _, _), stats = jax.lax.scan(
             partial(update_epoch, make_tx(args, hp, num_updates)),
@@ -482,9 +495,10 @@ class Args(Hyperparams, ExtraFlags):
     """--distributed: how many processes take part; unset: detected"""
     process_id: Optional[int] = None
     """--distributed: this process's index, 0 to num_processes - 1; unset: detected"""
-    devices_per_run: Optional[int] = None
-    """devices one run spans (its envs split, its gradients averaged); unset: runs fill the
-    devices, and each spans several when there are fewer runs than devices"""
+    devices_per_run: typing.Annotated[Optional[int], tyro.conf.arg(help=(
+        f"devices one run spans: its --{SPLIT.replace('_', '-')} shared out over them, what it "
+        "averages averaged over all; unset: runs fill the devices, each spanning several when "
+        "there are fewer runs than devices; --resume keeps the run's"))] = None
     pbt: bool = False
     """population-based training: the sweep's runs copy better ones and perturb the swept floats
     (x0.8 or x1.25; a discount's 1 - x; a 0 stays 0)"""
@@ -630,6 +644,9 @@ def layout(args: Args, limit: Optional[int] = None) -> Mesh:
     it. A run's devices are consecutive: on one process, or on several. ArgError if none fits."""
     runs, processes = len(grid(args)) * args.num_seeds, jax.process_count()
     local = min(limit or jax.local_device_count(), jax.local_device_count())
+    if (args.devices_per_run or 0) > processes * local:
+        raise ArgError(f"--devices-per-run {args.devices_per_run}: more than the "
+                       f"{processes * local} devices here ({processes} process(es) x {local})")
     reasons = {span: why_not_split(args, span) for span in range(1, processes * local + 1)}
     fits = []
     for groups in (g for g in range(1, runs + 1) if runs % g == 0):
@@ -925,6 +942,8 @@ def summary(args: Args, metrics, timing, evals={}) -> str:
              f"{metrics['env_steps'][0, -1]:,.0f} steps",  # then the flags as resolved, but swept
              "flags: " + " ".join(f"{k}={v[0] if k in HPARAMS else v}" for k, v in flags.items())]
     per_run = f" ({timing['span']} a run)" if timing["span"] > 1 else ""
+    if timing["span"] == 1 and timing["devices"] < jax.device_count():  # devices left idle
+        per_run = f" (a run on each: {why_not_split(args, 2) or '--devices-per-run 1'})"
     timing_line = (f"{timing['devices']} device(s){per_run}  compile {timing['compile_s']:.1f} s"
                    f"{' (cache)' if timing['cached'] else ''}  run {timing['run_s']:.1f} s  |  "
                    f"{timing['sps']:,.0f} steps/s")
@@ -1050,10 +1069,12 @@ UMASK = os.umask(0o022)  # read (and put back) once
 os.umask(UMASK)
 
 
-def write_checkpoint(run_dir, args: Args, state, metrics, num_updates):
-    """run_dir/checkpoint.msgpack: the arguments, every run's state and metrics, after a SHA-256."""
+def write_checkpoint(run_dir, args: Args, state, metrics, num_updates, span: int = 1):
+    """run_dir/checkpoint.msgpack: the arguments, every run's state and metrics, and the devices a
+    run spans (--resume keeps them), after a SHA-256."""
     data = flax.serialization.msgpack_serialize({
         "format": FORMAT, "file": os.path.basename(__file__), "num_updates": num_updates,
+        "span": span,
         "args": json.dumps(dataclasses.asdict(args)), "metrics": metrics,
         "state": flax.serialization.to_state_dict(state)})
     write_atomic(os.path.join(run_dir, "checkpoint.msgpack"), hashlib.sha256(data).digest() + data)
@@ -1231,7 +1252,7 @@ def train_and_write(args: Args, checkpoint, run_dir, is_lead: bool):
             speed = [timing["sps"]] * len(metrics["env_steps"])
             events.write(metrics, {"charts/SPS": speed, **evals})
         if is_lead:
-            write_checkpoint(run_dir, args, state, metrics, timing["num_updates"])
+            write_checkpoint(run_dir, args, state, metrics, timing["num_updates"], timing["span"])
             print(progress(args, metrics, timing), flush=True)
         # Every process stops after the same segment: the others would wait for it forever.
         stop = multihost_utils.process_allgather(np.int32(STOP[0] if STOP else 0))
@@ -1276,6 +1297,8 @@ def main():
         args, saved = parse(sys.argv[1:]), None
         if args.resume or args.load_model:  # the saved flags, before any is judged
             args, saved = read_saved(args, sys.argv[1:])
+        if args.resume and args.devices_per_run is None:  # the run's layout, as it was started
+            args = dataclasses.replace(args, devices_per_run=int(saved.get("span", 1)))
         args = validate(args)
         start_processes(args)
         layout(args)  # runs and envs that do not split over the devices: one line, now
@@ -1290,6 +1313,8 @@ def main():
     # The cache is set up at the first compile (importing gymnax runs some): set it up again.
     compilation_cache.set_cache_dir(args.compile_cache_dir or None)
     compilation_cache.reset_cache()
+    if "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS" not in os.environ:  # every program, not only
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)  # those over 1 s
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, stop_after_segment)
     threading.excepthook = Tensorboard.quiet_writer_errors

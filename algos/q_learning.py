@@ -93,7 +93,7 @@ class TabularModel(NamedTuple):  # the exact MDP
 
 class TabularEnv(NamedTuple):  # every function batched over the agents
     reset: Callable  # (key, n) -> (obs [n], state)
-    step: Callable   # (key, state, action [n]) -> (obs, state, reward, term., trunc., final_obs)
+    step: Callable   # (keys [n], state, action [n]) -> (obs, state, reward, term, trunc, final_obs)
     model: TabularModel
     shape: tuple     # (rows, cols): how the states lie on a grid, for the heat map
 
@@ -137,11 +137,11 @@ def gridworld_env(args) -> TabularEnv:  # static: the flags' layout is baked int
         state = GridState(jnp.full(n, start, jnp.int32), jnp.zeros(n, jnp.int32))
         return state.cell, state
 
-    def step(key, state, action):
-        """One step of every GridWorld, reset at the goal or the time limit. One uniform u per env:
-        u < slip (probability slip) slips, and then u / slip, uniform on [0, 1), picks the move."""
+    def step(keys, state, action):
+        """One step of every GridWorld (a key each), reset at the goal or the time limit. One
+        uniform u per env: u < slip (probability slip) slips, then u / slip picks the move."""
         if slip > 0:
-            u = jax.random.uniform(key, action.shape)
+            u = key_uniform(keys)
             random_move = (u / slip * len(MOVES)).astype(jnp.int32)
             action = jnp.where(u < slip, jnp.minimum(random_move, len(MOVES) - 1), action)
         cell = jnp.asarray(next_cell)[state.cell, action]  # final_obs, before any reset
@@ -161,9 +161,8 @@ def frozen_lake_env(args) -> TabularEnv:
     params = params.replace(max_steps_in_episode=args.max_episode_steps)
     reset = lambda key, n: jax.vmap(env.reset, in_axes=(0, None))(jax.random.split(key, n), params)
 
-    def step(key, state, action):  # gymnax's obs, state, reward, terminated, truncated; final_obs
-        *out, info = jax.vmap(env.step, in_axes=(0, 0, 0, None))(
-            jax.random.split(key, action.shape[0]), state, action, params)
+    def step(keys, state, action):  # gymnax's obs, state, reward, terminated, truncated; final_obs
+        *out, info = jax.vmap(env.step, in_axes=(0, 0, 0, None))(keys, state, action, params)
         return *out, info["final_observation"]
 
     # gymnax's dynamics: the chosen move with probability success_rate, else a perpendicular one
@@ -205,6 +204,12 @@ def value_iteration(P, R, terminal, gamma, tol=1e-7, max_iters=100_000):
 
 
 # ============================================================================ 3. Q-table and policy
+def key_uniform(keys):
+    """u ~ U[0, 1) from each key's own first random word ([n, 2] raw keys, as fold_in makes them):
+    one hash a draw, not two (an agent draws twice a step from keys of its own)."""
+    return (keys[:, 0] >> 8).astype(jnp.float32) * 2.0**-24
+
+
 def epsilon_greedy(q_row, epsilon, u):
     """One agent's action from q_row [A] and u ~ U[0, 1): u < epsilon explores, else greedy, ties
     at random (argmax would pick action 0 while Q is 0); u, rescaled within its side, picks one."""
@@ -281,13 +286,15 @@ def make_train(args, axis=None):
     mark_visited = jax.vmap(lambda visited, s, a: visited.at[s, a].set(True))
 
     def env_step(hp, carry, t):  # one step of a block of agents
-        agents, totals, key = carry
-        key, k_act, k_env = jax.random.split(key, 3)
+        agents, totals, keys = carry
+        # Each agent's draws from a key of its own (the step's fold of it): the same on any layout
+        k_act, k_env = (jax.vmap(jax.random.fold_in, in_axes=(0, None))(keys, 2 * t + i)
+                        for i in (0, 1))
         t = t.astype(jnp.float32)
         epsilon = hp["start_e"] + (hp["end_e"] - hp["start_e"]) * jnp.minimum(
             t / (args.exploration_fraction * args.total_timesteps), 1)
         lr = hp["learning_rate"] * (1 - t / args.total_timesteps if args.anneal_lr else 1)
-        action = policy(agents.q, agents.obs, epsilon, jax.random.uniform(k_act, agents.obs.shape))
+        action = policy(agents.q, agents.obs, epsilon, key_uniform(k_act))
         obs, env_state, reward, terminated, truncated, final_obs = env.step(
             k_env, agents.env_state, action)
         q, td_error = learn(agents.q, agents.obs, action, reward, terminated, final_obs, lr,
@@ -299,25 +306,24 @@ def make_train(args, axis=None):
         totals = jax.tree.map(jnp.add, totals, (done, *ended, jnp.abs(td_error)))
         agents = Agents(q, mark_visited(agents.visited, agents.obs, action), env_state, obs,
                         *[jnp.where(done, 0, x) for x in episode])
-        return (agents, totals, key), None
+        return (agents, totals, keys), None
 
     def run_block(hp, t0, block):  # an update's steps of one block of agents, from step t0
-        agents, key = block
+        agents, keys = block
         totals = tuple(jnp.zeros(agents.obs.shape, t) for t in (jnp.int32, float, jnp.int32, float))
-        (agents, totals, _), _ = jax.lax.scan(partial(env_step, hp), (agents, totals, key),
+        (agents, totals, _), _ = jax.lax.scan(partial(env_step, hp), (agents, totals, keys),
                                               t0 + jnp.arange(args.num_steps))
         return t0, (agents, totals)
 
     def update(hp, runner: RunnerState):
         mine = len(runner.agents.obs)  # this device's agents; [S, A] float32 q and bool visited:
         num_blocks = mine // block_size(mine, model.R.size * 5)
-        # A key per block of the whole run's (psum(1): its devices), this device's share of them:
-        # on another layout the blocks, and so their draws, differ (agents are independent)
-        key, *block_keys = jax.random.split(runner.key, num_blocks * psum(1) + 1)
-        blocks = jax.tree.map(lambda x: x.reshape(num_blocks, -1, *x.shape[1:]), runner.agents)
+        # A key per agent of the run, this device's share: its draws whatever the blocks' layout
+        key, k_agents = jax.random.split(runner.key)
+        blocks = jax.tree.map(lambda x: x.reshape(num_blocks, -1, *x.shape[1:]),
+                              (runner.agents, share(jax.random.split(k_agents, N))))
         first_step = runner.updates_done * args.num_steps
-        _, (blocks, totals) = jax.lax.scan(partial(run_block, hp), first_step,
-                                           (blocks, share(jnp.stack(block_keys))))
+        _, (blocks, totals) = jax.lax.scan(partial(run_block, hp), first_step, blocks)
         agents = jax.tree.map(lambda x: x.reshape(-1, *x.shape[2:]), blocks)
         runner = runner._replace(agents=agents, key=key, updates_done=runner.updates_done + 1)
         optimal = runner.q_star >= runner.q_star.max(-1, keepdims=True) - OPTIMAL_TOL  # [S, A]
@@ -524,9 +530,10 @@ class Args(Hyperparams, ExtraFlags):
     """--distributed: how many processes take part; unset: detected"""
     process_id: Optional[int] = None
     """--distributed: this process's index, 0 to num_processes - 1; unset: detected"""
-    devices_per_run: Optional[int] = None
-    """devices one run spans (its envs split, its gradients averaged); unset: runs fill the
-    devices, and each spans several when there are fewer runs than devices"""
+    devices_per_run: typing.Annotated[Optional[int], tyro.conf.arg(help=(
+        f"devices one run spans: its --{SPLIT.replace('_', '-')} shared out over them, what it "
+        "averages averaged over all; unset: runs fill the devices, each spanning several when "
+        "there are fewer runs than devices; --resume keeps the run's"))] = None
     pbt: bool = False
     """population-based training: the sweep's runs copy better ones and perturb the swept floats
     (x0.8 or x1.25; a discount's 1 - x; a 0 stays 0)"""
@@ -672,6 +679,9 @@ def layout(args: Args, limit: Optional[int] = None) -> Mesh:
     it. A run's devices are consecutive: on one process, or on several. ArgError if none fits."""
     runs, processes = len(grid(args)) * args.num_seeds, jax.process_count()
     local = min(limit or jax.local_device_count(), jax.local_device_count())
+    if (args.devices_per_run or 0) > processes * local:
+        raise ArgError(f"--devices-per-run {args.devices_per_run}: more than the "
+                       f"{processes * local} devices here ({processes} process(es) x {local})")
     reasons = {span: why_not_split(args, span) for span in range(1, processes * local + 1)}
     fits = []
     for groups in (g for g in range(1, runs + 1) if runs % g == 0):
@@ -967,6 +977,8 @@ def summary(args: Args, metrics, timing, evals={}) -> str:
              f"{metrics['env_steps'][0, -1]:,.0f} steps",  # then the flags as resolved, but swept
              "flags: " + " ".join(f"{k}={v[0] if k in HPARAMS else v}" for k, v in flags.items())]
     per_run = f" ({timing['span']} a run)" if timing["span"] > 1 else ""
+    if timing["span"] == 1 and timing["devices"] < jax.device_count():  # devices left idle
+        per_run = f" (a run on each: {why_not_split(args, 2) or '--devices-per-run 1'})"
     timing_line = (f"{timing['devices']} device(s){per_run}  compile {timing['compile_s']:.1f} s"
                    f"{' (cache)' if timing['cached'] else ''}  run {timing['run_s']:.1f} s  |  "
                    f"{timing['sps']:,.0f} steps/s")
@@ -1092,10 +1104,12 @@ UMASK = os.umask(0o022)  # read (and put back) once
 os.umask(UMASK)
 
 
-def write_checkpoint(run_dir, args: Args, state, metrics, num_updates):
-    """run_dir/checkpoint.msgpack: the arguments, every run's state and metrics, after a SHA-256."""
+def write_checkpoint(run_dir, args: Args, state, metrics, num_updates, span: int = 1):
+    """run_dir/checkpoint.msgpack: the arguments, every run's state and metrics, and the devices a
+    run spans (--resume keeps them), after a SHA-256."""
     data = flax.serialization.msgpack_serialize({
         "format": FORMAT, "file": os.path.basename(__file__), "num_updates": num_updates,
+        "span": span,
         "args": json.dumps(dataclasses.asdict(args)), "metrics": metrics,
         "state": flax.serialization.to_state_dict(state)})
     write_atomic(os.path.join(run_dir, "checkpoint.msgpack"), hashlib.sha256(data).digest() + data)
@@ -1273,7 +1287,7 @@ def train_and_write(args: Args, checkpoint, run_dir, is_lead: bool):
             speed = [timing["sps"]] * len(metrics["env_steps"])
             events.write(metrics, {"charts/SPS": speed, **evals})
         if is_lead:
-            write_checkpoint(run_dir, args, state, metrics, timing["num_updates"])
+            write_checkpoint(run_dir, args, state, metrics, timing["num_updates"], timing["span"])
             print(progress(args, metrics, timing), flush=True)
         # Every process stops after the same segment: the others would wait for it forever.
         stop = multihost_utils.process_allgather(np.int32(STOP[0] if STOP else 0))
@@ -1318,6 +1332,8 @@ def main():
         args, saved = parse(sys.argv[1:]), None
         if args.resume or args.load_model:  # the saved flags, before any is judged
             args, saved = read_saved(args, sys.argv[1:])
+        if args.resume and args.devices_per_run is None:  # the run's layout, as it was started
+            args = dataclasses.replace(args, devices_per_run=int(saved.get("span", 1)))
         args = validate(args)
         start_processes(args)
         layout(args)  # runs and envs that do not split over the devices: one line, now
@@ -1332,6 +1348,8 @@ def main():
     # The cache is set up at the first compile (importing gymnax runs some): set it up again.
     compilation_cache.set_cache_dir(args.compile_cache_dir or None)
     compilation_cache.reset_cache()
+    if "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS" not in os.environ:  # every program, not only
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)  # those over 1 s
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, stop_after_segment)
     threading.excepthook = Tensorboard.quiet_writer_errors

@@ -309,3 +309,17 @@ def test_bad_resume_and_log_dir_are_one_line_exit_2(checkpointed, tmp_path):
                        "that run is finished", tmp_path)
     (tmp_path / "file").write_text("")
     assert_usage_error("ppo.py", ["--log-dir", tmp_path / "file" / "runs"], "--log-dir", tmp_path)
+
+
+def test_resume_keeps_the_layout_of_the_run(tmp_path):
+    """A checkpoint holds the devices its run spans; --resume takes that layout again, and where
+    the machine has fewer devices it is refused in one line (--devices-per-run typed chooses)."""
+    args = ppo.validate(ppo.Args(num_segments=10, **{**TINY, "num_seeds": 1}))
+    state, metrics, timing = next(ppo.segments(args))
+    assert timing["span"] == 2
+    ppo.write_checkpoint(str(tmp_path), args, state, metrics, timing["num_updates"], 2)
+    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=1"}
+    proc = run_script("ppo.py", "--resume", tmp_path, env=env)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert proc.stderr.strip() == ("error: --devices-per-run 2: more than the 1 devices here "
+                                   "(1 process(es) x 1)"), proc.stderr

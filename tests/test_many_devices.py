@@ -1,10 +1,13 @@
 """One run over several devices (the runner's mesh axis "batch"): its envs split over them, its
 gradients and every statistic of its batch averaged over all of them. One update on 2 devices is
-the update on 1 with the same env keys; the parameters stay bitwise the same on every device; bad
-layouts are one line before anything compiles. (Two processes of 1 device each, and their model
+the update on 1 (the same env keys, the same minibatches), in every file; runs spanning devices
+several to a device are each the run alone; the parameters stay bitwise the same on every device;
+bad layouts are one line before anything compiles. (Two processes of 1 device each, and their model
 played on 1 device: test_distributed.py; a 1-seed run that solves CartPole-v1 over 2 devices:
 test_ppo.py; a checkpoint of a run over 2 devices resumed: test_long_runs.py; q_learning's agents
 split: test_devices_and_cache.py.)"""
+import dataclasses
+
 import jax
 import numpy as np
 import pytest
@@ -12,63 +15,105 @@ from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
 import ppo
+import ppo_rnn
+import pqn
+import q_learning as ql
 import vpg
 from conftest import assert_usage_error
 
-ONE_UPDATE = dict(num_seeds=1, num_envs=8, num_steps=16, num_minibatches=1, update_epochs=1,
-                  total_timesteps=8 * 16, hidden_size=16, eval_episodes=0, track=False)
+# One update of 8 envs x 32 steps in 2 minibatches x 2 epochs: CartPole-v1's random episodes
+# (about 22 steps) end in it, so episode_return is finite in what is compared.
+ONE_UPDATE = dict(num_seeds=1, num_envs=8, num_steps=32, num_minibatches=2, update_epochs=2,
+                  total_timesteps=8 * 32, hidden_size=16, eval_episodes=0, track=False,
+                  env_id="CartPole-v1")
+NORMALIZED = dict(normalize_obs=True, normalize_reward=True)
+MODULES = {"ppo": (ppo, NORMALIZED), "vpg": (vpg, NORMALIZED), "pqn": (pqn, {}),
+           "ppo_rnn": (ppo_rnn, NORMALIZED)}
+# q_learning: 64 agents that slip, 100 steps an update (its episodes end within one).
+QL_UPDATE = dict(num_seeds=1, num_agents=64, num_steps=100, total_timesteps=100, slip=0.2,
+                 track=False)
 
 
-@pytest.mark.parametrize("module, flags", [
-    (ppo, dict(env_id="Pendulum-v1", normalize_obs=True, normalize_reward=True)),
-    (vpg, dict(env_id="CartPole-v1"))], ids=["ppo", "vpg"])
-def test_one_update_over_two_devices_is_the_update_on_one(module, flags):
-    """One minibatch and one epoch: the 2-device update takes the same gradient step on the same
-    rollout (each env's keys are its own whatever the layout) as the 1-device one, its statistics
-    (observation and return normalisation, advantages) over all 8 envs; params and metrics agree
-    to float32 rounding. ppo runs Pendulum-v1 with both normalisations on; vpg its one policy step
-    on the whole batch. (pqn.py's reductions are the same helpers; its exploration keys too.)"""
-    args = module.validate(module.Args(**ONE_UPDATE, **flags))
-    one_state, one, one_timing = module.run(args, num_devices=1)
-    two_state, two, two_timing = module.run(args, num_devices=2)
-    assert (one_timing["span"], two_timing["span"]) == (1, 2)
-    assert set(one) == set(two) and one["env_steps"].shape == (1, 1)
+def assert_same_run(one, two, rtol=1e-5, atol=1e-6):
+    """(state, metrics) of the same runs on two layouts: equal to float32 rounding, episode
+    returns finite."""
+    (one_state, one), (two_state, two) = one, two
+    assert set(one) == set(two) and np.isfinite(one["episode_return"]).all(), one
     for key in one:
-        np.testing.assert_allclose(two[key], one[key], rtol=1e-5, atol=1e-6, err_msg=key)
-    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6),
-                 two_state.params, one_state.params)
-    # The whole state, env states included (their [envs, ...] leaves joined from both devices).
+        np.testing.assert_allclose(two[key], one[key], rtol=rtol, atol=atol, err_msg=key)
+    # The whole state: parameters, optimiser state, statistics, env states (joined from devices)
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5),
                  two_state, one_state)
 
 
-def test_parameters_stay_bitwise_the_same_on_every_device():
+def layouts(module, args, *num_devices):
+    """(state, metrics) of module.run(args) on each device count, and each run's span."""
+    results = [module.run(args, num_devices=n) for n in num_devices]
+    return [(state, metrics) for state, metrics, _ in results], [t["span"] for *_, t in results]
+
+
+@pytest.mark.parametrize("name", [*MODULES, "q_learning"])
+def test_one_update_over_two_devices_is_the_update_on_one(name):
+    """2 minibatches x 2 epochs: a run's minibatches hold the same samples on any layout (each
+    block of envs shuffled by a key of its own; q_learning: each agent's draws by its own key),
+    its statistics (observation and return normalisation, advantages) over all its envs: one
+    update on 2 devices is the update on 1 to float32 rounding, parameters, optimiser state and
+    metrics. (Before: each device shuffled its share with the run's key; on 2 devices, another
+    set of samples per minibatch.)"""
+    if name == "q_learning":
+        module, args = ql, ql.validate(ql.Args(**QL_UPDATE))
+    else:
+        module, flags = MODULES[name]
+        args = module.validate(module.Args(**ONE_UPDATE, **flags))
+    (one, two), spans = layouts(module, args, 1, 2)
+    assert spans == [1, 2] and one[1]["env_steps"].shape == (1, 1)
+    assert_same_run(one, two)
+
+
+@pytest.mark.parametrize("name", ["ppo", "ppo_rnn"])
+def test_several_runs_per_device_each_spanning_equal_each_run_alone(name):
+    """2 seeds x 2 configurations on 2 devices, each run over both (--devices-per-run 2: 4 runs
+    vmapped on each device) equal the same 4 runs on one device, 2 updates."""
+    module, flags = MODULES[name]
+    args = module.validate(module.Args(**{**ONE_UPDATE, "num_seeds": 2,
+                                          "total_timesteps": 2 * 8 * 32}, **flags,
+                                       learning_rate=(1e-3, 2.5e-3), devices_per_run=2))
+    alone = module.run(dataclasses.replace(args, devices_per_run=None), num_devices=1)
+    spanning = module.run(args, num_devices=2)
+    assert (alone[2]["span"], spanning[2]["span"]) == (1, 2)
+    assert alone[1]["env_steps"].shape == (2, 2, 2)
+    assert_same_run(alone[:2], spanning[:2])
+
+
+@pytest.mark.parametrize("name", MODULES)
+def test_parameters_stay_bitwise_the_same_on_every_device(name):
     """Each device's own copy of the run's parameters, optimiser state and statistics, after three
-    updates of 4 minibatches x 2 epochs with both normalisations on: bit for bit the same (the
-    runner keeps one copy of what is the same on every device: it must be)."""
-    args = ppo.validate(ppo.Args(**{**ONE_UPDATE, "num_minibatches": 4, "update_epochs": 2},
-                                 env_id="Pendulum-v1", normalize_obs=True, normalize_reward=True))
-    train = ppo.make_train(args, "batch")
-    hp = {k: np.float32([getattr(args, k)[0]]) for k in ppo.HPARAMS}
+    updates of 4 minibatches x 2 epochs (ppo, vpg, ppo_rnn with both normalisations on): bit for
+    bit the same (the runner keeps one copy of what is the same on every device: it must be)."""
+    module, flags = MODULES[name]
+    args = module.validate(module.Args(**{**ONE_UPDATE, "num_minibatches": 4}, **flags))
+    train = module.make_train(args, "batch")
+    hp = {k: np.float32([getattr(args, k)[0]]) for k in module.HPARAMS}
     mesh = Mesh(np.array(jax.devices()[:2]).reshape(1, 2), ("runs", "batch"))
+    shared = [f for f in ("obs_stats", "return_stats", "params", "opt_state", "key")
+              if f in module.RunnerState._fields]
 
     def each_device(keys, hp):  # three updates of one run; every device's copy, stacked
         state = jax.vmap(train.init)(keys, hp)
         state = jax.lax.fori_loop(0, 3, lambda _, s: jax.vmap(train.update)(hp, s)[0], state)
-        return jax.tree.map(lambda x: x[None], (state.params, state.opt_state, state.obs_stats,
-                                                state.return_stats, state.key))
+        return jax.tree.map(lambda x: x[None], [getattr(state, f) for f in shared])
 
     copies = jax.jit(jax.shard_map(each_device, mesh=mesh, in_specs=P("runs"),
                                    out_specs=P("batch"), check_vma=False))(
         jax.random.split(jax.random.PRNGKey(0), 1), hp)
     for leaf in jax.tree.leaves(jax.device_get(copies)):
         np.testing.assert_array_equal(leaf[0], leaf[1])
-    assert any(np.any(leaf[0] != 0) for leaf in jax.tree.leaves(copies[2]))  # stats moved
+    if "obs_stats" in shared:
+        assert any(np.any(leaf[0] != 0) for leaf in jax.tree.leaves(copies[0]))  # stats moved
 
 
 @pytest.mark.parametrize("flags, message", [
-    (["--devices-per-run", 3], "do not split over 1 processes x 2 devices with "
-                               "--devices-per-run 3"),
+    (["--devices-per-run", 3], "--devices-per-run 3: more than the 2 devices here"),
     (["--num-seeds", 1, "--num-envs", 3, "--devices-per-run", 2],
      "--devices-per-run 2: --num-envs 3 does not split into 2 equal shares"),
     # A device's share must itself be a run: 2 envs x 8 steps do not make 4 minibatches of 32.
