@@ -13,6 +13,7 @@
     python benchmarks/run.py --only pbt        # --pbt beside its fixed grid (about 20 minutes)
     python benchmarks/run.py --only devices    # one seed over 1 and 2 devices, 2 processes
     python benchmarks/run.py --only rnn        # ppo_rnn.py beside ppo.py on memory tasks
+    python benchmarks/run.py --only sac        # sac.py beside ppo.py and rejax's SAC (~15 min)
 
 Writes RESULTS.md (all tables, machine header and load averages first, the time of every section
 last) and the PNGs into --out (default benchmarks/results/). A full run into the default folder
@@ -77,12 +78,13 @@ SECTIONS = {  # selector -> module (in the order of RESULTS.md)
     "pbt": "bench_pbt",
     "devices": "bench_devices",
     "rnn": "bench_rnn",
+    "sac": "bench_sac",
     "peers": "peers",  # with --peers, after the others (its own requirements)
 }
 ALL = ("commands", "robustness", "q_learning", "is_eval")  # the default run
 QUICK_COST = {"commands": 2, "robustness": 3, "q_learning": 1, "is_eval": 4}  # relative, --quick
 # run only when --only names them: <NAME>.md
-OPTIONAL = ("envs", "long_runs", "minatar", "pbt", "devices", "rnn")
+OPTIONAL = ("envs", "long_runs", "minatar", "pbt", "devices", "rnn", "sac")
 README_START, README_END = "<!-- results:start -->", "<!-- results:end -->"
 FAILED = []  # sections that raised: reported in their place, then the run exits non-zero
 

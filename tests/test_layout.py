@@ -1,4 +1,4 @@
-"""The algorithm first: each training file (ppo, vpg, q_learning, pqn, ppo_rnn) opens with its
+"""The algorithm first: each training file (ppo, vpg, q_learning, pqn, ppo_rnn, sac) opens with its
 algorithm, then a fence line, then the runner, the same in every file byte for byte. The runner
 opens with its contract, the names it reads from above the fence; it reads no other, and nothing
 above the fence uses the runner."""
@@ -17,6 +17,7 @@ import ppo
 import ppo_rnn
 import pqn
 import q_learning as ql
+import sac
 import vpg
 from conftest import ALGOS
 
@@ -27,9 +28,9 @@ FENCE = re.compile(r"^# =+ runner$", re.M)
 # layout, one all-reduce a step for the normalisations), the runner 945 (--resume keeps a run's
 # layout, the summary says why a run could not span, an error for more devices than there are),
 # a file 1435.
-ABOVE = {"ppo": 490, "vpg": 490, "q_learning": 450, "pqn": 420, "ppo_rnn": 490}
+ABOVE = {"ppo": 490, "vpg": 490, "q_learning": 450, "pqn": 420, "ppo_rnn": 490, "sac": 460}
 RUNNER_LINES, FILE_LINES = 945, 1435
-MODULES = {"ppo": ppo, "vpg": vpg, "q_learning": ql, "pqn": pqn, "ppo_rnn": ppo_rnn}
+MODULES = {"ppo": ppo, "vpg": vpg, "q_learning": ql, "pqn": pqn, "ppo_rnn": ppo_rnn, "sac": sac}
 
 
 def split(name, text=None):

@@ -1,0 +1,1377 @@
+"""Soft Actor-Critic (SAC) in one fully jitted JAX file.
+
+SAC (Haarnoja et al. 2018, https://arxiv.org/abs/1801.01290) is off-policy actor-critic for
+continuous actions that maximises return plus alpha x the policy's entropy: twin Q critics regress
+on r + gamma (min of two target critics - alpha log pi) at an action of the policy, their targets
+follow them by Polyak averaging, and a tanh-squashed Gaussian policy maximises min Q - alpha log pi
+by the reparameterisation trick. The temperature alpha is learnt toward a target entropy (-|A|),
+as in "SAC: Algorithms and Applications" (https://arxiv.org/abs/1812.05905). The replay buffer is
+written here (no extra dependency), [num_envs, slots, ...] in the run's state, so a checkpoint,
+--resume and --pbt carry it, and a run over several devices keeps each device's envs' share
+(state_specs splits the env axis; flashbax's [slots, envs] would not split so). The environment
+(gymnax), the buffer and every gradient step run inside one `jax.jit`:
+    python algos/sac.py                          # Pendulum-v1, 4 seeds, 20k steps each
+    python algos/sac.py --no-autotune --alpha 0.2    # a fixed temperature
+    python algos/sac.py --env-id Swimmer-misc    # 50k steps: returns from about 60 to 370
+
+Expect: Pendulum-v1's greedy policy at -149 to -163 (64 episodes) on each of the 4 seeds after 20k
+steps (-200 counts as solved), in about a minute on 2 CPU cores as a whole process (47 to 71 s).
+"""
+
+# ============================================================================ imports
+import dataclasses
+from functools import partial
+from typing import NamedTuple, Optional
+
+import flax.linen as nn
+import gymnax
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from gymnax.environments import spaces
+from jax.flatten_util import ravel_pytree
+
+
+# ============================================================================ 1. hyperparameters
+@dataclasses.dataclass
+class Hyperparams:
+    env_id: str = "Pendulum-v1"
+    """gymnax environment id (continuous action space)"""
+    total_timesteps: Optional[int] = None
+    """environment steps per run"""
+    num_envs: Optional[int] = None
+    """parallel environments per seed"""
+    num_steps: Optional[int] = None
+    """steps of every env per update (the runner's unit: metrics are means over one)"""
+    gradient_steps: Optional[int] = None
+    """gradient steps after each step of all the envs (replay ratio: this / num_envs)"""
+    buffer_size: Optional[int] = None
+    """replay buffer capacity in transitions (rule: min(total_timesteps, 1M); a multiple of
+    num_envs)"""
+    batch_size: Optional[int] = None
+    """transitions per gradient step, batch_size / num_envs drawn from each env's share"""
+    learning_starts: Optional[int] = None
+    """environment steps of uniform random actions before the first gradient step"""
+    learning_rate: Optional[tuple[float, ...]] = None
+    """sweep: Adam step size of the critics, the policy and the temperature"""
+    gamma: Optional[tuple[float, ...]] = None
+    """sweep: discount factor"""
+    tau: Optional[tuple[float, ...]] = None
+    """sweep: Polyak step of the target critics toward the critics, each gradient step"""
+    alpha: Optional[tuple[float, ...]] = None
+    """sweep: entropy temperature: fixed with --no-autotune, its initial value with --autotune"""
+    autotune: bool = True
+    """learn the temperature (log alpha) toward --target-entropy"""
+    target_entropy: Optional[tuple[float, ...]] = None
+    """sweep: the policy entropy the temperature aims at (rule: -number of action dimensions)"""
+    hidden_size: Optional[int] = None
+    """width of the two hidden layers of the policy and of each critic"""
+
+
+# The float hyperparameters (no shape nor loop length: train() traces them, a sweep is one program)
+UNIT, POSITIVE = ("in [0, 1]", lambda x: (0 <= x) & (x <= 1)), ("> 0", lambda x: x > 0)
+FINITE = ("finite", jnp.isfinite)  # (jnp: --pbt checks it inside a jit)
+HPARAMS = dict(learning_rate=POSITIVE, gamma=UNIT, tau=UNIT, alpha=POSITIVE,
+               target_entropy=FINITE)
+# Those whose scale is 1 - x (gamma's horizon is 1 / (1 - gamma)): --pbt moves 1 - x, not x.
+NEAR_ONE = ("gamma",)
+COUNTS = {"learning_starts": 0}  # the int flags that may be below 1 (all others: >= 1)
+SIZE_FLAGS = ("num_envs", "buffer_size", "batch_size")
+
+
+# ============================================================================ 2. environment
+# gymnax.make(env_id) in make_train; its Box actions are the policy's tanh scaled to [low, high].
+def squash(u, low, high):
+    """Actions in [low, high] of the Gaussian samples u, and log |d action / d u| per row; the
+    log(1 - tanh(u)^2) as 2 (log 2 - u - softplus(-2u)): finite where tanh(u) rounds to 1."""
+    scale = (high - low) / 2
+    log_det = (2 * (np.log(2.0) - u - jax.nn.softplus(-2.0 * u)) + jnp.log(scale)).sum(-1)
+    return low + scale * (jnp.tanh(u) + 1.0), log_det
+
+
+# ============================================================================ 3. network
+LOG_STD_MIN, LOG_STD_MAX = -5.0, 2.0  # CleanRL's bounds of the policy's log std
+
+
+class Actor(nn.Module):
+    """The squashed Gaussian policy: two hidden layers of Dense and relu, then the mean and log
+    std of u; the action is squash(u)."""
+    low: tuple
+    high: tuple
+    hidden_size: int = 256
+
+    @nn.compact
+    def __call__(self, obs):
+        x = obs
+        for _ in range(2):
+            x = nn.relu(nn.Dense(self.hidden_size)(x))
+        mean, log_std = jnp.split(nn.Dense(2 * len(self.low))(x), 2, axis=-1)
+        # A tanh into [LOG_STD_MIN, LOG_STD_MAX], not a clip: its gradient never vanishes.
+        return mean, LOG_STD_MIN + (LOG_STD_MAX - LOG_STD_MIN) * (jnp.tanh(log_std) + 1) / 2
+
+    def sample(self, obs, noise):
+        """(action, log pi(action | obs)) from standard normal noise, reparameterised."""
+        mean, log_std = self(obs)
+        u = mean + jnp.exp(log_std) * noise
+        gaussian = (-0.5 * noise**2 - log_std - 0.5 * np.log(2 * np.pi)).sum(-1)
+        action, log_det = squash(u, jnp.asarray(self.low), jnp.asarray(self.high))
+        return action, gaussian - log_det
+
+    def greedy(self, obs):
+        return squash(self(obs)[0], jnp.asarray(self.low), jnp.asarray(self.high))[0]
+
+
+class Critic(nn.Module):
+    """Q(s, a): two hidden layers of Dense and relu on [obs, action], then a linear output."""
+    hidden_size: int = 256
+
+    @nn.compact
+    def __call__(self, obs, action):
+        x = jnp.concatenate([obs, action], axis=-1)
+        for _ in range(2):
+            x = nn.relu(nn.Dense(self.hidden_size)(x))
+        return nn.Dense(1)(x)[..., 0]
+
+
+# The twin critics as one module of stacked parameters [2, ...]: one batched matmul per layer.
+TwinCritic = nn.vmap(Critic, variable_axes={"params": 0}, split_rngs={"params": True},
+                     in_axes=None, out_axes=0, axis_size=2)
+
+
+# ============================================================================ 4. the update
+class Transition(NamedTuple):
+    obs: jax.Array           # observation the action was taken in (network inputs)
+    action: jax.Array        # as the env got it, in [low, high]
+    reward: jax.Array
+    next_obs: jax.Array      # the observation after the step, before any auto-reset
+    terminated: jax.Array    # (a truncated step bootstraps: its next_obs is not terminal)
+
+
+class RunnerState(NamedTuple):
+    """What a run carries from one update to the next, and what a checkpoint holds."""
+    params: dict             # {"actor", "critic", "log_alpha"}
+    target_critic: dict
+    opt_state: optax.OptState  # the optimiser itself is rebuilt from hp in every program
+    # [num_envs (this device's), slots, ...], circular. A --pbt copy takes its source's buffer,
+    # as its parameters: its critics were fit to that data, and a policy's own recent experience
+    # is what SAC's targets assume (an empty or a foreign buffer would be another experiment).
+    buffer: Transition
+    env_state: object
+    obs: jax.Array           # observations of the current step (network inputs)
+    episode_return: jax.Array  # per env, undiscounted, for reporting
+    episode_length: jax.Array
+    key: jax.Array
+    steps_done: jax.Array    # steps of every env so far (the buffer's write position follows)
+
+
+def critic_target(reward, terminated, next_q1, next_q2, next_log_prob, alpha, gamma):
+    """The soft Bellman target r + gamma (1 - terminated) (min(Q1', Q2') - alpha log pi(a'|s'))
+    at a' ~ pi(s'); a truncated step bootstraps from its true last observation."""
+    soft_value = jnp.minimum(next_q1, next_q2) - alpha * next_log_prob
+    return reward + gamma * (1.0 - terminated) * soft_value
+
+
+def polyak(target, online, tau):
+    """The target parameters moved a step tau toward the online ones."""
+    return jax.tree.map(lambda t, o: (1.0 - tau) * t + tau * o, target, online)
+
+
+def temperature_loss(log_alpha, log_prob, target_entropy):
+    """J(alpha) = E[-alpha (log pi + target entropy)] (1812.05905, eq. 18): its descent raises
+    alpha while the entropy -log pi is below the target and lowers it above."""
+    return -(jnp.exp(log_alpha) * (log_prob + target_entropy)).mean()
+
+
+def loss_fn(params, target_critic, actor, critic, hp, autotune, batch: Transition, noise):
+    """The critics', the policy's and the temperature's losses as one sum, each reaching only
+    its own parameters (stop_gradient elsewhere), so one Adam step takes all three; noise
+    [2, B, A]: the reparameterisation's at s' and at s."""
+    log_alpha = params["log_alpha"]
+    alpha = jax.lax.stop_gradient(jnp.exp(log_alpha)) if autotune else hp["alpha"]
+    next_action, next_log_prob = jax.lax.stop_gradient(
+        actor.apply(params["actor"], batch.next_obs, noise[0], method=Actor.sample))
+    next_q1, next_q2 = critic.apply(target_critic, batch.next_obs, next_action)
+    target = critic_target(batch.reward, batch.terminated, next_q1, next_q2, next_log_prob,
+                           alpha, hp["gamma"])
+    q = critic.apply(params["critic"], batch.obs, batch.action)  # [2, B]
+    critic_loss = ((q - target) ** 2).mean(-1).sum()  # the two critics' MSEs, as CleanRL's
+    action, log_prob = actor.apply(params["actor"], batch.obs, noise[1], method=Actor.sample)
+    q_pi = critic.apply(jax.lax.stop_gradient(params["critic"]), batch.obs, action).min(0)
+    actor_loss = (alpha * log_prob - q_pi).mean()
+    alpha_loss = temperature_loss(log_alpha, jax.lax.stop_gradient(log_prob),
+                                  hp["target_entropy"]) if autotune else 0.0 * log_alpha
+    return critic_loss + actor_loss + alpha_loss, {
+        "loss/critic": critic_loss, "loss/actor": actor_loss, "loss/temperature": alpha_loss,
+        "stats/alpha": alpha, "stats/entropy": -log_prob.mean(), "stats/q_mean": q.mean()}
+
+
+def sample(buffer: Transition, filled, keys, share: int):
+    """A batch from a buffer [envs, slots, ...], `share` transitions from each env, uniform over
+    its first `filled` slots, by the env's key (keys [envs]: the same batch however the envs are
+    split over devices), and the policy's noise for it [2, envs x share, A]."""
+    def one_env(env_buffer, key):
+        k_index, k_noise = jax.random.split(key)
+        index = jax.random.randint(k_index, (share,), 0, filled)
+        noise = jax.random.normal(k_noise, (2, share, *env_buffer.action.shape[1:]))
+        return jax.tree.map(lambda x: x[index], env_buffer), noise
+
+    batch, noise = jax.vmap(one_env)(buffer, keys)
+    return (jax.tree.map(lambda x: x.reshape(-1, *x.shape[2:]), batch),
+            jnp.swapaxes(noise, 0, 1).reshape(2, -1, *noise.shape[3:]))
+
+
+def flat_collective(collective, tree, axis_name):
+    """A collective (pmean, psum) of a pytree as one array: XLA CPU's meets once per array."""
+    flat, unflatten = ravel_pytree(tree)
+    return unflatten(collective(flat, axis_name))
+
+
+def make_train(args, axis=None):
+    """train(key, hp) -> (final RunnerState, metrics [num_updates]): one run as one program, its
+    HPARAMS hp traced; train.init, train.update, train.act: the runner's contract at the fence.
+    axis: the mesh axis that the run's envs are split over when it spans devices: each steps its
+    share and holds its envs' share of the buffer; the gradients are the whole run's."""
+    env, env_params = gymnax.make(args.env_id)
+    # The action bounds as numbers, also where make_train is called inside a jit (evaluation):
+    # some gymnax spaces build them with jnp.
+    with jax.ensure_compile_time_eval():
+        action_space = env.action_space(env_params)
+        low, high = (np.broadcast_to(np.asarray(x), action_space.shape).astype(np.float32)
+                     for x in (action_space.low, action_space.high))
+    obs_shape = (int(np.prod(env.observation_space(env_params).shape)),)
+    as_inputs = lambda obs: obs.reshape(-1, *obs_shape).astype(jnp.float32)
+    steps_per_update = args.num_envs * args.num_steps  # the run's (all devices')
+    num_updates = args.total_timesteps // steps_per_update
+    slots = args.buffer_size // args.num_envs  # per env
+    per_env = args.batch_size // args.num_envs  # each env's share of a batch
+    actor = Actor(tuple(map(float, low)), tuple(map(float, high)), args.hidden_size)
+    critic = TwinCritic(args.hidden_size)
+    vstep = jax.vmap(env.step, in_axes=(0, 0, 0, None))
+
+    def over_devices(collective):  # over the run's devices (axis); nothing to do on one
+        return (lambda x: x) if axis is None else partial(collective, axis_name=axis)
+
+    psum, pmean = over_devices(jax.lax.psum), over_devices(partial(flat_collective, jax.lax.pmean))
+
+    def share(x):  # this device's rows of a run-wide array ordered by env (one device: all)
+        if axis is None:
+            return x
+        size = len(x) // jax.lax.axis_size(axis)
+        return jax.lax.dynamic_slice_in_dim(x, jax.lax.axis_index(axis) * size, size)
+
+    def env_keys(key):  # a key for each env of the run: the same however the envs are split
+        return share(jax.random.split(key, args.num_envs))
+
+    def make_tx(hp):  # from this run's traced learning rate
+        return optax.adam(hp["learning_rate"])
+
+    def env_step(runner: RunnerState):
+        """One step of every env, by the policy (uniform actions before learning_starts), its
+        transitions written at the buffer's oldest slot."""
+        key, k_act, k_env = jax.random.split(runner.key, 3)
+
+        def act_one(obs, key):  # each env by a key of its own: the same however they are split
+            k_noise, k_uniform = jax.random.split(key)
+            noise = jax.random.normal(k_noise, low.shape)
+            uniform = jax.random.uniform(k_uniform, low.shape, minval=low, maxval=high)
+            policy = actor.apply(runner.params["actor"], obs, noise, method=Actor.sample)[0]
+            return jnp.where(runner.steps_done * args.num_envs < args.learning_starts,
+                             uniform, policy)
+
+        action = jax.vmap(act_one)(runner.obs, env_keys(k_act))
+        next_obs, env_state, reward, terminated, truncated, info = vstep(
+            env_keys(k_env), runner.env_state, action, env_params)
+        done = jnp.logical_or(terminated, truncated)
+        transition = Transition(runner.obs, action, reward,
+                                as_inputs(info["final_observation"]),
+                                terminated.astype(jnp.float32))
+        buffer = jax.tree.map(lambda b, x: b.at[:, runner.steps_done % slots].set(x),
+                              runner.buffer, transition)
+        episode_return = runner.episode_return + reward
+        episode_length = runner.episode_length + 1
+        finished = (done.sum(), (episode_return * done).sum(), (episode_length * done).sum())
+        runner = runner._replace(
+            buffer=buffer, env_state=env_state, obs=as_inputs(next_obs),
+            episode_return=jnp.where(done, 0.0, episode_return),
+            episode_length=jnp.where(done, 0, episode_length), key=key,
+            steps_done=runner.steps_done + 1)
+        return runner, finished
+
+    def gradient_step(hp, tx, buffer, filled, carry, key):
+        params, target_critic, opt_state = carry
+        batch, noise = sample(buffer, filled, env_keys(key), per_env)
+        grads, stats = jax.grad(loss_fn, has_aux=True)(params, target_critic, actor, critic, hp,
+                                                       args.autotune, batch, noise)
+        updates, opt_state = tx.update(pmean(grads), opt_state, params)
+        params = optax.apply_updates(params, updates)
+        target_critic = polyak(target_critic, params["critic"], hp["tau"])
+        return (params, target_critic, opt_state), stats
+
+    def step(hp, tx, runner: RunnerState, _):
+        """A step of every env, then gradient_steps gradient steps once learning_starts have
+        been taken (a cond: the runner's segments are one program from the first step on)."""
+        runner, finished = env_step(runner)
+        key, k_learn = jax.random.split(runner.key)
+        carry = (runner.params, runner.target_critic, runner.opt_state)
+        filled = jnp.minimum(runner.steps_done, slots)
+
+        def learn(carry):  # (the buffer outside the carry: a cond's select would copy it)
+            return jax.lax.scan(partial(gradient_step, hp, tx, runner.buffer, filled), carry,
+                                jax.random.split(k_learn, args.gradient_steps))
+
+        def wait(carry):  # the statistics of no step: NaN, left out of the update's means
+            shapes = jax.eval_shape(learn, carry)[1]
+            return carry, jax.tree.map(lambda x: jnp.full(x.shape, jnp.nan, x.dtype), shapes)
+
+        started = runner.steps_done * args.num_envs >= args.learning_starts
+        (params, target_critic, opt_state), stats = jax.lax.cond(started, learn, wait, carry)
+        runner = runner._replace(params=params, target_critic=target_critic,
+                                 opt_state=opt_state, key=key)
+        return runner, (finished, stats)
+
+    def update(hp, runner: RunnerState):
+        """num_steps steps of every env, each followed by its gradient steps."""
+        runner, (finished, stats) = jax.lax.scan(partial(step, hp, make_tx(hp)), runner, None,
+                                                 args.num_steps)
+        count, return_sum, length_sum = psum(jax.tree.map(lambda x: x.sum(), finished))
+        metrics = pmean({k: jnp.nanmean(v) for k, v in stats.items()})
+        metrics["env_steps"] = runner.steps_done * args.num_envs
+        metrics["episode_return"] = jnp.where(count > 0, return_sum / count, jnp.nan)
+        metrics["episode_length"] = jnp.where(count > 0, length_sum / count, jnp.nan)
+        return runner, metrics
+
+    def init(key, hp) -> RunnerState:
+        k_actor, k_critic, k_env, k_run = jax.random.split(key, 4)
+        obs, env_state = jax.vmap(env.reset, in_axes=(0, None))(env_keys(k_env), env_params)
+        obs = as_inputs(obs)
+        params = {"actor": actor.init(k_actor, obs, jnp.zeros((len(obs), *low.shape)),
+                                      method=Actor.sample),
+                  "critic": critic.init(k_critic, obs, jnp.zeros((len(obs), *low.shape))),
+                  "log_alpha": jnp.log(hp["alpha"]).astype(jnp.float32)}
+        envs = len(obs)  # this device's
+        empty = lambda *shape: jnp.zeros((envs, slots, *shape))
+        buffer = Transition(empty(*obs_shape), empty(*low.shape), empty(), empty(*obs_shape),
+                            empty())
+        return RunnerState(
+            params=params, target_critic=params["critic"], opt_state=make_tx(hp).init(params),
+            buffer=buffer, env_state=env_state, obs=obs, episode_return=jnp.zeros(envs),
+            episode_length=jnp.zeros(envs, jnp.int32), key=k_run, steps_done=jnp.int32(0))
+
+    def act(runner: RunnerState, obs, memory, key=None):
+        """Actions for raw observations [N, ...]: the squashed mean (greedy), or sampled. A
+        feed-forward policy carries no memory from one step to the next: ()."""
+        obs = as_inputs(obs)
+        if key is None:
+            return actor.apply(runner.params["actor"], obs, method=Actor.greedy), memory
+        noise = jax.random.normal(key, (len(obs), *low.shape))
+        return actor.apply(runner.params["actor"], obs, noise, method=Actor.sample)[0], memory
+
+    def train(key, hp):
+        return jax.lax.scan(lambda runner, _: update(hp, runner), init(key, hp), None,
+                            num_updates)
+
+    train.init, train.update, train.act, train.num_updates = init, update, act, num_updates
+    train.initial_memory = lambda n: ()
+    return train
+
+
+# ============================================================================ 5. presets
+# Presets: what each sets for a flag left unset (None) and where it comes from. An env without an
+# entry takes "box"; what neither sets follows the rules of `resolve`.
+# Box: CleanRL's sac_continuous_action.py (gamma, tau, batch, learning_starts, log alpha's start
+# at 0, its q_lr 1e-3 for all three; the policy at every critic step, not every 2nd), but two
+# layers of 64 (4x faster than 256 on CPU) and 100k steps (not 1M) for gymnax's small tasks.
+BOX = dict(total_timesteps=100_000, num_envs=1, num_steps=100, gradient_steps=1,
+           batch_size=256, learning_starts=5_000, learning_rate=1e-3, gamma=0.99, tau=0.005,
+           alpha=1.0, hidden_size=64)
+# Pendulum-v1: BOX at 20k steps, learning_starts 1000 (its episodes are 200 steps); lr 1e-3 was
+# the best of a sweep of {3e-4, 1e-3} x alpha {1, 0.1} x 4 seeds (greedy -156 mean; the others
+# within 7 of it). Reacher-misc, Swimmer-misc: BOX at 50k steps, measured, 4 seeds: greedy 48 to
+# 55 (16 uniform), 355 to 397 (62 at 10k steps). All 2026-11-27.
+PRESETS = {"box": BOX, "Pendulum-v1": dict(BOX, total_timesteps=20_000, learning_starts=1_000),
+           "Reacher-misc": dict(BOX, total_timesteps=50_000),
+           "Swimmer-misc": dict(BOX, total_timesteps=50_000)}
+
+
+def resolve(args):
+    """Unset (None) flags from the preset of --env-id, then the rules; ValueError on a bad flag."""
+    try:  # an unknown id, or an env that cannot be built here (MNISTBandit-bsuite downloads data)
+        env, env_params = gymnax.make(args.env_id)
+    except Exception as e:
+        raise ValueError(f"--env-id {args.env_id!r} cannot be built: {e!r}".splitlines()[0])
+    if not isinstance(space := env.action_space(env_params), spaces.Box):
+        raise ValueError(f"--env-id {args.env_id!r}: SAC here needs continuous (Box) actions, "
+                         f"not {type(space).__name__}")
+    preset = PRESETS.get(args.env_id, PRESETS["box"])
+    args = dataclasses.replace(args, **{k: (v,) if k in HPARAMS else v
+                                        for k, v in preset.items() if getattr(args, k) is None})
+    n = args.num_envs
+    args = dataclasses.replace(
+        args, target_entropy=args.target_entropy or (-float(np.prod(space.shape)),),
+        buffer_size=args.buffer_size or -(-min(args.total_timesteps, 1_000_000) // n) * n)
+    if args.buffer_size % n:
+        raise ValueError(f"--buffer-size {args.buffer_size} must be a multiple of --num-envs {n}")
+    if args.batch_size % n:
+        raise ValueError(f"--batch-size {args.batch_size} must be a multiple of --num-envs {n} "
+                         "(each env gives an equal share)")
+    if args.total_timesteps < n * args.num_steps:
+        raise ValueError(f"--total-timesteps {args.total_timesteps} is less than one update "
+                         f"(num_envs * num_steps = {n * args.num_steps})")
+    return args
+
+
+# ============================================================================ 6. hooks
+# The runner's hooks (its contract at the fence), beside COUNTS and SIZE_FLAGS above: what a run
+# over several devices splits (its envs and their shares of the buffer), XLA's options (ppo.py's
+# LLVM -O1), the ranking metric, the shown ones, the saved model, no switches of its own.
+SPLIT = "num_envs"
+COMPILER_OPTIONS = {"xla_backend_optimization_level": 1}
+SCORE, SHOWN = "episode_return", {}  # SHOWN: metric -> format
+saved_model = lambda state: {"params": state.params["actor"]}
+ExtraFlags, draw = dataclasses.make_dataclass("ExtraFlags", []), lambda folder, args, state: []
+
+
+# ============================================================================ runner
+# The same in every file that trains, byte for byte (a test compares them): a sweep of
+# make_train's program and all around it. It reads these names from above the fence, no other:
+#   Hyperparams       dataclass: the algorithm's flags, env_id first, each field's docstring its
+#                     --help; resolve fills a field left None.
+#   HPARAMS           {flag: (rule text, rule)}: the float flags the program traces, typed
+#                     tuple[float, ...], several values a sweep; rule(x) -> bool, on arrays too.
+#   NEAR_ONE          the HPARAMS flags whose scale is 1 - x (discounts): --pbt perturbs 1 - x.
+#   COUNTS            {flag: least value} of the int flags that may be below 1 (others: >= 1).
+#   SPLIT             the int flag whose count a run spanning devices shares out (its envs).
+#   SIZE_FLAGS        the flags that set a run's memory, named when it does not fit.
+#   resolve(args)     -> args, every None filled (presets, rules); ValueError names a bad flag.
+#   make_train(args, axis=None) -> train(key, hp) -> (state, metrics): one run, hp {HPARAMS flag:
+#                     traced float32}; with axis (a mesh axis over the devices of a run), each
+#                     device's program: its share of SPLIT, means over the whole run's.
+#                     train.init(key, hp) -> state, a NamedTuple (its field `key`: the run's PRNG
+#                     key, which --pbt renews); train.update(hp, state) -> (state, metrics);
+#                     train.num_updates; for evaluation and GIFs, train.act(state, obs, memory,
+#                     key=None) -> (actions, memory) for raw observations, greedy or with a key
+#                     exploring, memory what the policy carries from one step of an episode to
+#                     the next ([N, ...] leaves; () without), at its start train.initial_memory(N).
+#                     metrics {name: scalar}: env_steps, episode_return and episode_length (mean
+#                     over the episodes ended in the update, NaN if none); tags: episode_* ->
+#                     charts/episodic_*, loss/x -> losses/x.
+#   COMPILER_OPTIONS  XLA's options for the compiled programs.
+#   SCORE, SHOWN      the metric ranking a sweep's configurations; {metric: format} to show.
+#   saved_model(state) -> {name: leaves}: all act reads; --save-model writes, --load-model reads it.
+#   ExtraFlags, draw  the file's own switches (a dataclass); draw(folder, args, state) -> [paths]
+#                     of its own pictures of one trained configuration.
+#   and the algorithm's imports of partial, jnp and np (which the runner uses too).
+import dataclasses
+import hashlib
+import itertools
+import json
+import os
+import shutil
+import signal
+import socket
+import sys
+import tempfile
+import threading
+import time
+import typing
+from typing import Optional
+
+import flax.serialization
+import jax
+import jax.extend
+import tyro
+from jax.experimental import multihost_utils
+from jax.experimental.compilation_cache import compilation_cache
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+from tensorboard.compat.proto.event_pb2 import Event, SessionLog
+from tensorboard.compat.proto.summary_pb2 import Summary
+from tensorboard.plugins.text.summary_v2 import text_pb
+from tensorboard.summary.writer.event_file_writer import EventFileWriter
+
+
+# ---------------------------------- flags: the runner's beside the file's, checked before compiling
+@dataclasses.dataclass
+class Args(Hyperparams, ExtraFlags):
+    exp_name: str = os.path.basename(__file__)[: -len(".py")]
+    """name of this experiment (part of the run directory name)"""
+    seed: int = 1
+    """base seed: seed k of the sweep uses the k-th split of PRNGKey(seed)"""
+    num_seeds: int = 4
+    """independent runs side by side: vmap per device, over all the devices (on CPU, cores)"""
+    track: bool = True
+    """write tensorboard event files under --log-dir"""
+    log_dir: str = "runs"
+    """root of the run directories"""
+    save_model: bool = False
+    """write the final model of every run to model.msgpack in the run directory"""
+    capture_gif: bool = False
+    """after training, draw an episode of the first seed's greedy policy (gymnax's envs)"""
+    eval_episodes: int = 64
+    """after training, fresh episodes of each run's policy, greedy and exploring (where it acts)"""
+    eval_every_segment: bool = False
+    """evaluate after every segment too (tensorboard: eval/episodic_return_greedy, _sampled)"""
+    load_model: Optional[str] = None
+    """a model.msgpack (--save-model): no training; evaluate its policies (and --capture-gif)"""
+    compile_cache_dir: str = os.environ.get("JAX_COMPILATION_CACHE_DIR",
+                                            os.path.expanduser("~/.cache/jax"))
+    """persistent compilation cache, so a rerun skips most of the compile ("" turns it off)"""
+    resume: Optional[str] = None
+    """RUN_DIR of a stopped run: continue it to what the uninterrupted run computes"""
+    num_segments: Optional[int] = None
+    """calls of the compiled program, each followed by progress, events and a checkpoint"""
+    distributed: bool = False
+    """one of several processes (jax.distributed), which split the runs (implied by the next 3)"""
+    coordinator_address: Optional[str] = None
+    """--distributed: HOST:PORT of process 0; unset: detected (e.g. under SLURM or Open MPI)"""
+    num_processes: Optional[int] = None
+    """--distributed: how many processes take part; unset: detected"""
+    process_id: Optional[int] = None
+    """--distributed: this process's index, 0 to num_processes - 1; unset: detected"""
+    devices_per_run: typing.Annotated[Optional[int], tyro.conf.arg(help=(
+        f"devices one run spans: its --{SPLIT.replace('_', '-')} shared out over them, what it "
+        "averages averaged over all; unset: runs fill the devices, each spanning several when "
+        "there are fewer runs than devices; --resume keeps the run's"))] = None
+    pbt: bool = False
+    """population-based training: the sweep's runs copy better ones and perturb the swept floats
+    (x0.8 or x1.25; a discount's 1 - x; a 0 stays 0)"""
+    pbt_every: int = 1
+    """--pbt: segments between two steps of the population"""
+    pbt_fraction: float = 0.25
+    """--pbt: the bottom fraction copies a better member of the top one, in (0, 0.5]"""
+
+
+class ArgError(ValueError):
+    """A flag broke a rule: reported as one line with exit status 2, before anything compiles."""
+
+
+flag = lambda name: "--" + name.replace("_", "-")
+
+
+def grid(args: Args) -> list:
+    """Every combination of the HPARAMS values (the first flag varies slowest)."""
+    return [dict(zip(HPARAMS, v)) for v in itertools.product(*(getattr(args, k) for k in HPARAMS))]
+
+
+RUNNER_COUNTS = dict(eval_episodes=0, process_id=0)  # the runner's ints that may be below 1
+
+
+def validate(args: Args) -> Args:
+    """Check every flag (an int: >= 1 or its least value in COUNTS and RUNNER_COUNTS; --seed any)
+    and resolve the unset ones (the file's `resolve`), before any compile."""
+    least = {**COUNTS, **RUNNER_COUNTS, "seed": -np.inf}
+    for name, value in vars(args).items():
+        if type(value) is int and value < least.get(name, 1):
+            raise ArgError(f"{flag(name)} must be >= {least.get(name, 1)} (got {value})")
+    for name, (rule, holds) in HPARAMS.items():
+        for x in getattr(args, name) or ():
+            if not holds(x):
+                raise ArgError(f"{flag(name)} must be {rule} (got {x})")
+    try:
+        args = resolve(args)
+    except ValueError as e:
+        raise ArgError(str(e)) from None
+    if not 0 < args.pbt_fraction <= 0.5:
+        raise ArgError(f"--pbt-fraction must be in (0, 0.5] (got {args.pbt_fraction})")
+    if args.pbt and len(grid(args)) * args.num_seeds < 2:
+        raise ArgError("--pbt needs a population of 2 runs or more (configurations x seeds)")
+    if args.capture_gif:  # gymnax's drawing of the env (classic control's pygame: headless)
+        for device in ("SDL_VIDEODRIVER", "SDL_AUDIODRIVER"):
+            os.environ.setdefault(device, "dummy")
+        import gymnax
+        from gymnax.visualize import Visualizer
+        try:
+            env, env_params = gymnax.make(args.env_id)
+            gif = Visualizer(env, env_params, [env.reset(jax.random.PRNGKey(0), env_params)[1]])
+            gif.init()
+            if not hasattr(gif, "im"):
+                raise ValueError("gymnax has no drawing of it")
+        except Exception as e:
+            raise ArgError(f"--capture-gif cannot draw {args.env_id} here: "
+                           f"{str(e).splitlines()[0]}") from None
+    runs_steps = args.total_timesteps * len(grid(args)) * args.num_seeds
+    return dataclasses.replace(args, num_segments=args.num_segments or max(  # one per 2^24 steps
+        10, -(-runs_steps // 2**24)))
+
+
+def parse(argv) -> Args:
+    """The command line as Args; --help shows what a flag left to resolve is on the default env."""
+    one_value = {flag(f.name) for f in dataclasses.fields(Args)
+                 if "tuple" not in str(f.type) and f.type is not bool}
+    for i, name in enumerate(argv):  # tyro would blame the second value as an unknown option
+        values = itertools.takewhile(lambda v: not v.startswith("--"), argv[i + 1:])
+        if name in one_value and len(list(values)) > 1:
+            raise ArgError(f"{name} takes one value (only the swept floats, HPARAMS, take more)")
+    shown, hinted, file = validate(Args()), [], os.path.basename(__file__)
+    algorithm_flags = {f.name for f in dataclasses.fields(Hyperparams)}
+    for field in (f for f in dataclasses.fields(Args) if f.default is None):
+        value = getattr(shown, field.name)
+        value = value[0] if isinstance(value, tuple) and len(value) == 1 else value
+        where = f"; per env: PRESETS in {file}" if field.name in algorithm_flags else ""
+        hint = f"(default: {value} on {shown.env_id}{where})" if value is not None else None
+        config = tyro.conf.arg(help_behavior_hint=hint or "(default: unset)")
+        hinted.append((field.name, typing.Annotated[field.type, config],
+                       dataclasses.field(default=None)))
+    typed = tyro.cli(dataclasses.make_dataclass("Args", hinted, bases=(Args,)), args=argv,
+                     description=f"{__doc__.split(chr(10) * 2)[0]}\n\nThe algorithm's flags "
+                     "come first; the runner's from --exp-name on.")
+    return Args(**{f.name: getattr(typed, f.name) for f in dataclasses.fields(Args)})
+
+
+# ---------------------------------- processes: a device per core, --distributed joins the others
+EVENTS = []  # JAX's: a cache hit among those of a compile says where the program came from
+jax.monitoring.register_event_listener(lambda event, **_: EVENTS.append(event))
+JOIN_TIMEOUT_S = 60  # --distributed: a process that has not joined the others by then fails
+
+
+def meet(args: Args):
+    """Before JAX joins the processes (it aborts one whose peers never come), process 0 waits for
+    a knock of every other one, who knock until it answers; after JOIN_TIMEOUT_S, one line."""
+    host, _, port = args.coordinator_address.rpartition(":")
+    deadline, joined = time.time() + JOIN_TIMEOUT_S, 0
+    try:
+        if args.process_id == 0:
+            with socket.create_server(("", int(port))) as server:
+                server.settimeout(JOIN_TIMEOUT_S)
+                for joined in range(args.num_processes - 1):
+                    server.accept()[0].close()
+        while args.process_id:  # the others knock until process 0 answers
+            with socket.socket() as knock:
+                if knock.connect_ex((host, int(port))) == 0:
+                    break
+            if time.time() > deadline:
+                raise OSError(f"nothing answered within {JOIN_TIMEOUT_S} s")
+            time.sleep(1)
+    except TimeoutError:
+        raise ArgError(f"--coordinator-address {args.coordinator_address}: {joined} of the "
+                       f"{args.num_processes - 1} other processes joined within "
+                       f"{JOIN_TIMEOUT_S} s") from None
+    except (OSError, ValueError) as e:
+        raise ArgError(f"--coordinator-address {args.coordinator_address}: {e}") from None
+
+
+def start_processes(args: Args):
+    """--distributed (implied by its three flags): join the others."""
+    if not (args.distributed or args.coordinator_address or args.num_processes
+            or args.process_id is not None):
+        return
+    if args.coordinator_address and 0 <= (args.process_id or 0) < (args.num_processes or 0):
+        meet(args)  # (an id out of range, or no count: JAX's own immediate error below)
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")  # collectives on CPU
+    jax.extend.backend.clear_backends()  # started by the checks (gymnax): JAX must join first
+    try:
+        jax.distributed.initialize(args.coordinator_address, args.num_processes, args.process_id,
+                                   initialization_timeout=JOIN_TIMEOUT_S)
+    except ValueError as e:  # JAX's own checks: no address or count given or found, id range
+        raise ArgError(f"--distributed: {e}") from None
+
+
+# ----------------------- the sweep: segments of one program over the devices, PBT between them
+# The devices form a mesh: "runs" splits the sweep's runs into groups of devices, "batch" a run's
+# SPLIT (its envs) over the devices of its group; the gradients and statistics of such a run are
+# averaged over them (make_train's axis). A state leaf is [runs, ...] as one device holds it.
+def layout(args: Args, limit: Optional[int] = None) -> Mesh:
+    """The mesh of the devices: the runs over groups ("runs") of `span` devices ("batch"), every
+    process lending its first ones, as many (<= limit): the most devices, then the most groups (the
+    fewest collectives). A span must split a run's SPLIT into valid runs; --devices-per-run sets
+    it. A run's devices are consecutive: on one process, or on several. ArgError if none fits."""
+    runs, processes = len(grid(args)) * args.num_seeds, jax.process_count()
+    local = min(limit or jax.local_device_count(), jax.local_device_count())
+    if (args.devices_per_run or 0) > processes * local:
+        raise ArgError(f"--devices-per-run {args.devices_per_run}: more than the "
+                       f"{processes * local} devices here ({processes} process(es) x {local})")
+    reasons = {span: why_not_split(args, span) for span in range(1, processes * local + 1)}
+    fits = []
+    for groups in (g for g in range(1, runs + 1) if runs % g == 0):
+        for span in range(1, processes * local // groups + 1):
+            lent, apart = divmod(groups * span, processes)  # the devices each process lends
+            whole = lent and (lent % span == 0 or span % lent == 0)  # a run on whole processes
+            if not (apart or reasons[span]) and whole and args.devices_per_run in (None, span):
+                fits.append((groups * span, groups, span))
+    if fits:
+        _, groups, span = max(fits)
+        by_process = [sorted((d for d in jax.devices() if d.process_index == p),
+                             key=lambda d: d.id)[:groups * span // processes]
+                      for p in range(processes)]
+        return Mesh(np.array(by_process).reshape(groups, span), ("runs", "batch"))
+    if reasons.get(args.devices_per_run):
+        raise ArgError(f"--devices-per-run {args.devices_per_run}: {reasons[args.devices_per_run]}")
+    asked = f" with --devices-per-run {args.devices_per_run}" if args.devices_per_run else ""
+    raise ArgError(f"{runs} runs (configurations x seeds) of {flag(SPLIT)} {getattr(args, SPLIT)} "
+                   f"do not split over {processes} processes x {local} devices{asked}")
+
+
+def why_not_split(args: Args, span: int) -> Optional[str]:
+    """Why a run's SPLIT cannot be shared out over `span` devices (each share a valid run)."""
+    count = getattr(args, SPLIT)
+    if count % span:
+        return f"{flag(SPLIT)} {count} does not split into {span} equal shares"
+    try:
+        resolve(dataclasses.replace(args, **{SPLIT: count // span}))
+    except ValueError as e:
+        return f"a device's share of a run: {e}"
+
+
+def state_specs(args: Args, span: int, key, hp):
+    """A PartitionSpec per state leaf: [runs, ...] over "runs" and, where a device holds only its
+    share of the run's (a leaf smaller in a run of its share of SPLIT), that axis over "batch"."""
+    share = dataclasses.replace(args, **{SPLIT: getattr(args, SPLIT) // span})
+    whole, part = (jax.eval_shape(make_train(run).init, key, hp) for run in (args, share))
+
+    def spec(whole, part):
+        split = [i for i, (a, b) in enumerate(zip(whole.shape, part.shape)) if a != b]
+        return P("runs", *[None] * split[0], "batch") if split else P("runs")
+
+    return jax.tree.map(spec, whole, part)
+
+
+def on_mesh(mesh, tree, specs):
+    """Host arrays (the same in every process) as the mesh's global arrays, laid out by specs (a
+    PartitionSpec per leaf, or one for a whole subtree)."""
+    def put(spec, subtree):
+        return jax.tree.map(lambda x: jax.make_array_from_callback(
+            np.shape(x), NamedSharding(mesh, spec), lambda index: np.asarray(x)[index]), subtree)
+
+    return jax.tree.map(put, specs, tree)
+
+
+def to_host(mesh, tree):
+    """numpy leaves of every process's runs (several processes: one program gathers them all)."""
+    if jax.process_count() > 1:
+        tree = jax.jit(lambda x: x, out_shardings=NamedSharding(mesh, P()))(tree)
+    return jax.device_get(tree)
+
+
+def compile_sweep(args: Args, mesh, specs, train, keys, hp, resuming: bool):
+    """(run_init, run_segment: (hp, state, valid) -> (state, metrics [runs, length]), length):
+    one program over the mesh each, vmap over a device's runs, compiled before anything runs."""
+    length = -(-train.num_updates // args.num_segments)  # the last segment may run fewer
+
+    def one_segment(hp, state, valid):
+        """`length` updates, the first `valid` (traced) taken: the last, shorter segment too."""
+        update = partial(train.update, hp)
+
+        def skip(state):  # the state as it is, and metrics of zeros
+            shapes = jax.eval_shape(update, state)[1]
+            return state, jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), shapes)
+
+        def step(state, i):
+            state, metrics = jax.lax.cond(i < valid, update, skip, state)
+            if args.pbt:  # the values in force (the schedule, what --resume continues with)
+                metrics.update({f"hp/{k}": v for k, v in hp.items()})
+                metrics["pbt/copied_from"] = jnp.float32(jnp.nan)  # set after a population step
+            return state, metrics
+
+        return jax.lax.scan(step, state, jnp.arange(length))
+
+    # (Not checked by JAX: that what is the same on every device of a run, as its params, stays so.
+    # make_train does; JAX's check would reject, among others, a scan from a constant carry.)
+    over_mesh = partial(jax.shard_map, mesh=mesh, check_vma=False)
+    run_init = jax.jit(over_mesh(jax.vmap(train.init), in_specs=P("runs"), out_specs=specs))
+    run_segment = jax.jit(over_mesh(jax.vmap(one_segment, in_axes=(0, 0, None)),
+                                    in_specs=(P("runs"), specs, P()),
+                                    out_specs=(specs, P("runs"))), donate_argnums=1)
+    shaped = lambda x, spec: jax.ShapeDtypeStruct(x.shape, x.dtype,
+                                                  sharding=NamedSharding(mesh, spec))
+    keys, hp = shaped(keys, P("runs")), jax.tree.map(lambda x: shaped(x, P("runs")), hp)
+    state = jax.tree.map(shaped, jax.eval_shape(run_init, keys, hp), specs)
+    run_segment = run_segment.lower(hp, state, shaped(np.int32(0), P())).compile(COMPILER_OPTIONS)
+    run_init = None if resuming else run_init.lower(keys, hp).compile(COMPILER_OPTIONS)
+    return run_init, run_segment, length
+
+
+def pbt_step(args: Args, explore, state, hp, metrics, first: int, length: int, num_updates: int):
+    """(state, hp, copied_from) for the segment from update `first`, after a step of the population
+    if one is due (every --pbt-every segments of `length` updates), else copied_from None. Fitness:
+    SCORE's mean since the last step, NaN without evidence (the run sits the step out)."""
+    if not args.pbt or (first // length) % args.pbt_every or first >= num_updates:
+        return state, hp, None
+    with np.errstate(all="ignore"):
+        fitness = np.nanmean(metrics[SCORE][:, max(0, first - length * args.pbt_every):first], 1)
+    key = jax.random.fold_in(jax.random.PRNGKey(args.seed), first)  # the same on --resume
+    return jax.device_get(explore(state, hp, fitness, key))
+
+
+def segments(args: Args, num_devices: Optional[int] = None, start=None):
+    """Train grid(args) x seeds (seed k: the k-th split of PRNGKey(args.seed)) in num_segments
+    calls of one program over the devices (layout), PBT between two; from `start`, a
+    checkpoint's (state, metrics), on --resume. Yields after each (state, metrics [runs, updates
+    so far], timing), all the processes' runs; the next segment runs while the caller writes."""
+    configs, seeds, runs = grid(args), args.num_seeds, len(grid(args)) * args.num_seeds
+    mesh = layout(args, num_devices)
+    span, on_runs = mesh.shape["batch"], partial(on_mesh, mesh, specs=P("runs"))
+    keys = jnp.tile(jax.random.split(jax.random.PRNGKey(args.seed), seeds), (len(configs), 1))
+    hp_runs = {k: np.repeat(np.float32([c[k] for c in configs]), seeds) for k in HPARAMS}
+    train = make_train(args, "batch" if span > 1 else None)
+    specs = state_specs(args, span, keys[0], {k: v[0] for k, v in hp_runs.items()})
+    t0, seen = time.perf_counter(), len(EVENTS)  # a cache hit from here on is training's
+    run_init, run_segment, length = compile_sweep(args, mesh, specs, train, keys, hp_runs,
+                                                  resuming=start is not None)
+    check_memory(args, [p for p in (run_init, run_segment) if p], mesh.size // jax.process_count())
+    compile_s, cached = time.perf_counter() - t0, any(e.endswith("hits") for e in EVENTS[seen:])
+    population = partial(pbt_step, args, jax.jit(partial(exploit_and_explore, args)),
+                         length=length, num_updates=train.num_updates)
+    if start is None:
+        state, metrics = run_init(on_runs(keys), on_runs(hp_runs)), None
+    else:  # a checkpoint's leaves are [runs, ...] as one device holds them, whatever the layout
+        saved_state, metrics = start
+        try:
+            state = flax.serialization.from_state_dict(
+                jax.eval_shape(jax.vmap(make_train(args).init), keys, hp_runs), saved_state)
+        except (ValueError, KeyError) as e:
+            raise ArgError(f"--resume: the checkpoint's state does not fit this file's ({e})")
+        if args.pbt:  # those of the last segment; the population steps on as it would have
+            hp_runs = {k: metrics[f"hp/{k}"][:, -1] for k in HPARAMS}
+            state, hp_runs, _ = population(state, hp_runs, metrics, metrics["env_steps"].shape[1])
+        state = on_mesh(mesh, state, specs)
+    done = 0 if metrics is None else metrics["env_steps"].shape[1]
+    steps_before = 0 if done == 0 else metrics["env_steps"][0, done - 1]
+    valid = lambda first: on_mesh(mesh, np.int32(min(length, train.num_updates - first)), P())
+    t_start = time.perf_counter()
+    out = run_segment(on_runs(hp_runs), state, valid(done))
+    for first in range(done, train.num_updates, length):
+        state, new = to_host(mesh, out)  # (this waits for the segment)
+        new = jax.tree.map(lambda x: x[:, :min(length, train.num_updates - first)], new)
+        metrics = new if metrics is None else jax.tree.map(
+            lambda a, b: np.concatenate([a, b], axis=1), metrics, new)
+        following = out[0]  # the next segment runs while the host writes this one
+        stepped, hp_runs, copied = population(state, hp_runs, metrics, first + length)
+        if copied is not None:  # (the next segment waits for it); the sources at the last update
+            following = on_mesh(mesh, stepped, specs)
+            column = np.where(copied < 0, np.nan, copied)[:, None]
+            metrics["pbt/copied_from"] = np.hstack([metrics["pbt/copied_from"][:, :-1], column])
+        if first + length < train.num_updates:
+            out = run_segment(on_runs(hp_runs), following, valid(first + length))
+        run_s = time.perf_counter() - t_start
+        yield state, metrics, {
+            "compile_s": compile_s, "run_s": run_s, "cached": cached, "first": first,
+            "num_updates": train.num_updates, "devices": mesh.size, "span": span,
+            "sps": runs * float(metrics["env_steps"][0, -1] - steps_before) / run_s}
+
+
+def check_memory(args: Args, programs, devices: int):
+    """Refuse programs whose memory (XLA's estimate) exceeds what this process can have."""
+    need = max(m.argument_size_in_bytes + m.output_size_in_bytes + m.temp_size_in_bytes
+               - m.alias_size_in_bytes for m in (p.memory_analysis() for p in programs))
+    if jax.default_backend() == "cpu":
+        need, where = need * devices, "available on this machine"
+        try:  # Linux's estimate of what can be had without swapping; elsewhere, all of it
+            with open("/proc/meminfo") as f:
+                have = 1024 * int(next(x for x in f if x.startswith("MemAvailable")).split()[1])
+        except OSError:
+            have = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    else:
+        where = f"on each {jax.default_backend()} device"
+        have = (jax.local_devices()[0].memory_stats() or {}).get("bytes_limit", np.inf)
+    if need > have:
+        sizes = ", ".join(flag(k) for k in (*SIZE_FLAGS, "num_seeds"))
+        raise ArgError(f"the run needs about {need / 2**30:.1f} GiB (XLA's estimate), more than "
+                       f"the {have / 2**30:.1f} GiB {where}: make {sizes} smaller")
+
+
+def exploit_and_explore(args: Args, state, hp, fitness, key):
+    """PBT's step (Jaderberg et al. 2017) over the population ([runs, ...] leaves, hp {flag:
+    [runs]}, fitness [runs]; NaN: no evidence, the run sits the step out). The others are ranked,
+    ties at random; each of their bottom --pbt-fraction copies the state and hyperparameters of
+    a member drawn from their top fraction if it is strictly better, then moves each swept float
+    x (1 - x for NEAR_ONE) by x0.8 or x1.25 where its rule still holds. Every run goes on with a
+    key of its own (the step's, folded with its index). -> (state, hp, copied_from: -1 if not)."""
+    runs, index = len(fitness), jnp.arange(len(fitness))
+    k_ties, k_pick, k_runs, *k_flags = jax.random.split(key, 3 + len(HPARAMS))
+    ranked = jnp.isfinite(fitness)
+    count = ranked.sum()
+    fraction = jnp.floor(args.pbt_fraction * count).astype(jnp.int32)  # (at least 1 of 2 or more)
+    n = jnp.where(count > 1, jnp.maximum(1, fraction), 0)
+    ties = jax.random.uniform(k_ties, (runs,))
+    order = jnp.lexsort((ties, jnp.where(ranked, fitness, 0.0), ~ranked))  # worst first, NaN last
+    rank = jnp.argsort(order)
+    drawn = order[count - n + jax.random.randint(k_pick, (runs,), 0, jnp.maximum(n, 1))]
+    copies = (rank < n) & (fitness[drawn] > fitness)
+    source = jnp.where(copies, drawn, index)
+    hp = {k: v[source] for k, v in hp.items()}
+    for (k, (_, holds)), k_flag in zip(HPARAMS.items(), k_flags):
+        if len(getattr(args, k)) > 1:  # a swept flag
+            factor = jnp.where(jax.random.bernoulli(k_flag, 0.5, (runs,)), 0.8, 1.25)
+            moved = 1 - (1 - hp[k]) * factor if k in NEAR_ONE else hp[k] * factor
+            hp[k] = jnp.where(copies & holds(moved), moved, hp[k])
+    keys = jax.vmap(partial(jax.random.fold_in, k_runs))(index)
+    state = jax.tree.map(lambda x: x[source], state)._replace(key=keys)
+    return state, hp, jnp.where(copies, source, -1)
+
+
+def run(args: Args, num_devices: Optional[int] = None):
+    """(state, metrics, timing) of the whole sweep, leaves [num_seeds] or [configs, seeds]."""
+    *_, (state, metrics, timing) = segments(args, num_devices)
+    lead = (len(grid(args)), args.num_seeds) if len(grid(args)) > 1 else (args.num_seeds,)
+    return *jax.tree.map(lambda x: x.reshape(*lead, *x.shape[1:]), (state, metrics)), timing
+
+
+# ------------------------------------ output: progress, statistics, summary, tensorboard events
+def final_returns(metrics, fraction=0.05):
+    """Per run: mean episode_return over the last `fraction` of updates (NaNs ignored)."""
+    returns = np.asarray(metrics["episode_return"])
+    return np.nanmean(returns[..., -max(1, round(returns.shape[-1] * fraction)):], axis=-1)
+
+
+def progress(args: Args, metrics, timing) -> str:
+    """After each segment: steps, the return of the segment's episodes, the SHOWN metrics, speed."""
+    returns, steps = metrics["episode_return"][:, timing["first"]:], metrics["env_steps"][0]
+    finished = np.isfinite(returns).any(1)
+    line = [f"return {np.mean([np.nanmean(r) for r in returns[finished]]):8.4g} (episodes of "
+            f"{finished.sum()} of {len(returns)} runs)" if finished.any()
+            else "no episode finished yet"] + [f"{k} {form.format(np.mean(metrics[k][:, -1]))}"
+                                               for k, form in SHOWN.items()]
+    total = steps[-1] / len(steps) * timing["num_updates"]
+    return (f"[{args.exp_name}] steps {steps[-1]:>12,.0f} / {total:,.0f}  {' '.join(line)}  "
+            f"SPS {timing['sps']:,.0f}")
+
+
+def iqm(x) -> float:
+    """Interquartile mean (Agarwal et al. 2021): the mean of the middle half of the values."""
+    x = np.sort(np.asarray(x, dtype=np.float64).ravel())
+    low, high = int(np.floor(0.25 * len(x))), int(np.ceil(0.75 * len(x)))
+    return float(x[low:high].mean()) if high > low else float(x.mean())
+
+
+def bootstrap_ci(x, stat=np.mean, resamples: int = 5000, level: float = 0.95, seed: int = 0):
+    """Percentile-bootstrap confidence interval of `stat` over the runs in x."""
+    x = np.asarray(x, dtype=np.float64).ravel()
+    picks = np.random.default_rng(seed).integers(0, len(x), size=(resamples, len(x)))
+    stats = [stat(x[p]) for p in picks]
+    return tuple(float(q) for q in np.quantile(stats, [(1 - level) / 2, (1 + level) / 2]))
+
+
+def final_scores(metrics, evals={}) -> dict:
+    """Per run: the final training return, each SHOWN metric at the last update, evals as given."""
+    return {"episode_return": final_returns(metrics),
+            **{k: np.asarray(metrics[k])[:, -1] for k in SHOWN}, **evals}
+
+
+def lineages(args: Args, metrics, evals={}):
+    """--pbt: (metrics [runs, updates] along each final run's lineage, the run each descends from,
+    its final SCORE, the runs best first). A copy (pbt/copied_from, at a segment's last update)
+    hands its source's state on: up to it, the lineage is the source's."""
+    copied_from = np.asarray(metrics["pbt/copied_from"])
+    slot, path = np.arange(len(copied_from)), np.zeros(copied_from.shape, int)
+    for i in reversed(range(copied_from.shape[1])):
+        source = copied_from[slot, i]
+        slot = np.where(np.isfinite(source), source, slot).astype(int)
+        path[:, i] = slot
+    along = {k: np.take_along_axis(np.asarray(v), path, 0) for k, v in metrics.items()}
+    score = final_scores(along, evals)[SCORE]
+    return along, path[:, 0], score, np.argsort(-score, kind="stable")
+
+
+def summary(args: Args, metrics, timing, evals={}) -> str:
+    """metrics [runs, updates], evals {tag: [runs]}: a configuration's seeds, or a sweep's rows;
+    with --pbt, the final population by lineage."""
+    configs, shown = grid(args), {**dict.fromkeys(evals, "{:.4g}"), **SHOWN}
+    by_config = lambda x: np.asarray(x).reshape(len(configs), args.num_seeds)
+    finals = {k: by_config(v) for k, v in final_scores(metrics, evals).items()}
+    sweep = f"{len(configs)} configurations x " if len(configs) > 1 else ""
+    flags = {f.name: getattr(args, f.name) for f in dataclasses.fields(Hyperparams)}
+    flags = {k: v for k, v in flags.items() if k != "env_id" and not (k in HPARAMS and len(v) > 1)}
+    lines = [f"{args.exp_name} on {args.env_id}: {sweep}{args.num_seeds} seeds x "
+             f"{metrics['env_steps'][0, -1]:,.0f} steps",  # then the flags as resolved, but swept
+             "flags: " + " ".join(f"{k}={v[0] if k in HPARAMS else v}" for k, v in flags.items())]
+    per_run = f" ({timing['span']} a run)" if timing["span"] > 1 else ""
+    if timing["span"] == 1 and timing["devices"] < jax.device_count():  # devices left idle
+        per_run = f" (a run on each: {why_not_split(args, 2) or '--devices-per-run 1'})"
+    timing_line = (f"{timing['devices']} device(s){per_run}  compile {timing['compile_s']:.1f} s"
+                   f"{' (cache)' if timing['cached'] else ''}  run {timing['run_s']:.1f} s  |  "
+                   f"{timing['sps']:,.0f} steps/s")
+    returns, varied = finals["episode_return"], [k for k in HPARAMS if len(getattr(args, k)) > 1]
+    if args.pbt:
+        lines += population_lines(args, metrics, evals, varied)
+    elif len(configs) == 1:
+        lines.append("final return per seed (last 5% of updates): "
+                     + " ".join(f"{r:.4g}" for r in returns[0]))
+        for k, form in shown.items():
+            what = "last update" if k in SHOWN else f"{args.eval_episodes} episodes"
+            values = " ".join(form.format(x) for x in finals[k][0])
+            lines.append(f"{k} per seed ({what}): {values}")
+        timing_line = f"mean {np.mean(returns):.4g}  min {np.min(returns):.4g}  |  {timing_line}"
+    else:
+        lines.append(" | ".join([*varied, "final return mean [95% CI over seeds]", "IQM", "worst",
+                                 *shown]))
+        for c in np.argsort(-finals[SCORE].mean(1), kind="stable"):
+            x, ci = returns[c], bootstrap_ci(returns[c])  # over this configuration's seeds
+            lines.append(" | ".join(
+                [f"{configs[c][k]:g}" for k in varied]
+                + [f"{x.mean():.4g} [{ci[0]:.4g}, {ci[1]:.4g}]", f"{iqm(x):.4g}", f"{x.min():.4g}"]
+                + [form.format(finals[k][c].mean()) for k, form in shown.items()]))
+    return "\n".join(lines + [timing_line])
+
+
+def population_lines(args: Args, metrics, evals, varied) -> list:
+    """--pbt: the final runs best first by SCORE, each with the run its lineage descends from
+    (configuration and seed), and the schedule of the best lineage's swept values."""
+    along, roots, score, order = lineages(args, metrics, evals)
+    configs, steps = grid(args), metrics["env_steps"][0]
+    start = lambda r: ", ".join([*(f"{k} {configs[r // args.num_seeds][k]:g}" for k in varied),
+                                 f"seed {r % args.num_seeds}"])
+    lines = [f"population by lineage, best first: run | descends from | {SCORE} | "
+             + " | ".join(varied)]
+    lines += [" | ".join([str(r), f"run {roots[r]} ({start(roots[r])})", f"{score[r]:.4g}",
+                          *(f"{along[f'hp/{k}'][r, -1]:.4g}" for k in varied)]) for r in order]
+    for k in varied:
+        schedule = along[f"hp/{k}"][order[0]]
+        changes = [0, *np.flatnonzero(np.diff(schedule)) + 1]  # where a new value holds
+        lines.append(f"run {order[0]}'s lineage, {k}: " + ", ".join(
+            f"{schedule[i]:.4g} from step {steps[i] - steps[0]:,.0f}" for i in changes))
+    return lines
+
+
+def config_dirs(run_dir, args: Args) -> list:
+    """(arguments, directory) of each configuration: in a sweep, one named by its swept values."""
+    return [(dataclasses.replace(args, **{k: (v,) for k, v in config.items()}), os.path.join(
+        run_dir, "__".join(f"{k}={v:g}" for k, v in config.items() if len(getattr(args, k)) > 1)))
+        for config in grid(args)]
+
+
+class Tensorboard:
+    """An event file per run by tensorboard's own writer, flushed after each segment."""
+    TAGS = {"episode_return": "charts/episodic_return", "episode_length": "charts/episodic_length"}
+
+    def __init__(self, run_dir, args: Args, done):  # done: the env_steps already written
+        self.writers, self.written = [], done.shape[1]
+        for one, config_dir in config_dirs(run_dir, args):
+            table = "|param|value|\n|-|-|\n" + "\n".join(f"|{k}|{v}|" for k, v in vars(one).items())
+            first = Event(summary=text_pb("hyperparameters", table))
+            if done.size:  # a resumed run's START: TensorBoard drops the stopped run's later steps
+                first = Event(step=int(done[0, -1]) + 1,
+                              session_log=SessionLog(status=SessionLog.START))
+            for k in range(args.num_seeds):  # (an OSError here names its path)
+                self.writers.append(EventFileWriter(os.path.join(config_dir, f"seed_{k}")))
+                self.writers[-1].add_event(first)
+
+    def write(self, metrics, last: dict):
+        """metrics' updates not written yet, `last` {tag: [runs]} at each run's last step."""
+        new = {k: v[:, self.written:] for k, v in metrics.items()}
+        self.written, steps = metrics["env_steps"].shape[1], new.pop("env_steps")
+        for r, writer in enumerate(self.writers):
+            for i, step in enumerate(steps[r]):
+                for k, v in new.items():
+                    if np.isfinite(v[r, i]):
+                        writer.add_event(self.scalar(k, v[r, i], step))
+            for k, v in last.items():
+                writer.add_event(self.scalar(k, v[r], metrics["env_steps"][r, -1]))
+            try:
+                writer.flush()
+            except OSError as e:  # (its thread's: quiet_writer_errors keeps it to one line)
+                raise OSError(e.errno, e.strerror, writer.get_logdir()) from None
+
+    def write_lineages(self, args: Args, metrics, evals, population: str):
+        """--pbt, at the end: in each run's folder, lineage/<tag>: the curves of its final
+        model's lineage (its ancestors' before each copy); the population best first, as text."""
+        along = lineages(args, metrics, evals)[0]
+        self.written = 0  # (all the updates, again: as the lineage's)
+        self.write({"env_steps": along.pop("env_steps"),
+                    **{f"lineage/{k}": v for k, v in along.items()}}, {})
+        self.writers[0].add_event(Event(summary=text_pb("population by lineage", population)))
+        self.writers[0].flush()
+
+    def scalar(self, name: str, value, step) -> Event:
+        value = Summary.Value(tag=self.TAGS.get(name, name.replace("loss/", "losses/")),
+                              simple_value=float(value))
+        return Event(wall_time=time.time(), step=int(step), summary=Summary(value=[value]))
+
+    @staticmethod
+    def quiet_writer_errors(hook):  # (threading.excepthook: write() reports a writer's error)
+        if not issubclass(hook.exc_type, OSError):
+            threading.__excepthook__(hook)
+
+
+# ------------------------------------------- files: checkpoints and models; evaluation and GIFs
+def write_atomic(path, data: bytes):
+    """Write beside `path`, then rename: a reader, or a crash, sees the old file or the new one;
+    a failed write leaves no temporary file and names `path`. Mode: as open() gives (umask)."""
+    with tempfile.NamedTemporaryFile(dir=os.path.dirname(path), delete=False) as f:
+        try:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+            os.chmod(f.name, 0o666 & ~UMASK)  # not the temporary file's 0600
+        except OSError as e:
+            os.unlink(f.name)
+            raise OSError(e.errno, e.strerror, path) from None
+    os.replace(f.name, path)
+
+
+UMASK = os.umask(0o022)  # read (and put back) once
+os.umask(UMASK)
+
+
+def write_checkpoint(run_dir, args: Args, state, metrics, num_updates, span: int = 1):
+    """run_dir/checkpoint.msgpack: the arguments, every run's state and metrics, and the devices a
+    run spans (--resume keeps them), after a SHA-256."""
+    data = flax.serialization.msgpack_serialize({
+        "format": FORMAT, "file": os.path.basename(__file__), "num_updates": num_updates,
+        "span": span,
+        "args": json.dumps(dataclasses.asdict(args)), "metrics": metrics,
+        "state": flax.serialization.to_state_dict(state)})
+    write_atomic(os.path.join(run_dir, "checkpoint.msgpack"), hashlib.sha256(data).digest() + data)
+
+
+FORMAT = 2  # of checkpoint.msgpack: a file reads the format it writes, and refuses others
+# Flags that --resume and --load-model may change, which do not change what is computed: the
+# runner's, but these. Typed, they win; else the saved value holds, but for this process's own.
+RESUME_MAY_CHANGE = {f.name for f in dataclasses.fields(Args)} - {
+    f.name for f in dataclasses.fields(Hyperparams)} - {"seed", "num_seeds", "num_segments", "pbt",
+                                                         "pbt_every", "pbt_fraction"}
+THIS_PROCESS = ("resume", "load_model", "compile_cache_dir", "distributed", "coordinator_address",
+                "num_processes", "process_id")
+
+
+def read_saved(args: Args, argv) -> tuple:
+    """(arguments, contents) of --resume's checkpoint or --load-model's model: the saved arguments
+    but for the typed flags of RESUME_MAY_CHANGE (the others must agree)."""
+    if args.load_model and args.resume:
+        raise ArgError("--load-model plays a saved model; --resume trains on: choose one")
+    name, path = "--load-model", args.load_model
+    if args.resume:
+        name, path = "--resume", os.path.join(args.resume, "checkpoint.msgpack")
+    try:
+        with open(path, "rb") as f:
+            digest, data = (f.read(32), f.read()) if args.resume else (None, f.read())
+        if digest and hashlib.sha256(data).digest() != digest:
+            raise ValueError("its checksum does not match: the file is damaged")
+        saved = flax.serialization.msgpack_restore(data)
+        if not isinstance(saved, dict) or "args" not in saved:
+            raise ValueError("it holds no arguments")
+    except (OSError, ValueError) as e:
+        raise ArgError(f"{name} {path}: not a usable file ({e})") from None
+    if saved.get("format", 0) != FORMAT:
+        raise ArgError(f"{name} {path}: its format is {saved.get('format', 0)}; this file reads "
+                       f"format {FORMAT}")
+    flags, ours = json.loads(saved["args"]), {f.name for f in dataclasses.fields(Args)}
+    if set(flags) != ours:
+        raise ArgError(f"{name} {path}: written by {saved['file']}, whose flags differ from this "
+                       f"file's ({', '.join(sorted(set(flags) ^ ours))})")
+    typed = {a.split("=")[0] for a in argv}
+    for k, v in flags.items():
+        differs = json.loads(json.dumps(getattr(args, k))) != v  # (tuples as JSON's lists)
+        if k not in RESUME_MAY_CHANGE and flag(k) in typed and differs:
+            raise ArgError(f"{flag(k)} differs from the saved {v}: {name} takes the run as it "
+                           "was started")
+    if args.resume and saved["metrics"]["env_steps"].shape[1] >= saved["num_updates"]:
+        raise ArgError(f"--resume {args.resume}: that run is finished (no update left)")
+
+    def as_tuples(value):  # JSON's lists, nested too, as the tuples the flags hold
+        return tuple(as_tuples(v) for v in value) if isinstance(value, list) else value
+
+    kept = {k: as_tuples(v) for k, v in flags.items()
+            if k not in THIS_PROCESS and not (k in RESUME_MAY_CHANGE and flag(k) in typed)}
+    return dataclasses.replace(args, **kept), saved
+
+
+def play(args: Args, runner, key, episodes: int, record: bool = True):
+    """`episodes` fresh episodes of a run's policy by its greedy actions, as many exploring (one
+    episode a slot: a policy's memory runs from its start to its end). record: a scan to the time
+    limit, per step [T, 2 x episodes] the env states before it, rewards, ended; else each slot's
+    return [2 x episodes], by a loop that stops when every episode has ended."""
+    import gymnax
+    env, env_params = gymnax.make(args.env_id)
+    train, vstep = make_train(args), jax.vmap(env.step, in_axes=(0, 0, 0, None))
+
+    def step(carry, key):
+        obs, env_state, (greedy_memory, sampled_memory), ended = carry
+        k_act, k_env = jax.random.split(key)
+        greedy, greedy_memory = train.act(runner, obs[:episodes], greedy_memory)
+        sampled, sampled_memory = train.act(runner, obs[episodes:], sampled_memory, k_act)
+        obs, next_state, reward, terminated, truncated, _ = vstep(
+            jax.random.split(k_env, 2 * episodes), env_state, jnp.concatenate([greedy, sampled]),
+            env_params)
+        return ((obs, next_state, (greedy_memory, sampled_memory), ended | terminated | truncated),
+                (env_state, reward, ended))
+
+    keys = jax.random.split(key, int(env_params.max_steps_in_episode) + 1)  # (some: floats)
+    obs, env_state = jax.vmap(env.reset, in_axes=(0, None))(
+        jax.random.split(keys[0], 2 * episodes), env_params)
+    memories = (train.initial_memory(episodes), train.initial_memory(episodes))
+    start = (obs, env_state, memories, jnp.zeros(2 * episodes, bool))
+    if record:
+        return jax.lax.scan(step, start, keys[1:])[1]
+
+    def advance(loop):
+        t, carry, returns = loop
+        carry, (_, reward, ended) = step(carry, keys[t + 1])
+        return t + 1, carry, returns + jnp.where(ended, 0.0, reward)
+
+    unfinished = lambda loop: (loop[0] < len(keys) - 1) & ~loop[1][-1].all()
+    return jax.lax.while_loop(unfinished, advance, (0, start, jnp.zeros(2 * episodes)))[2]
+
+
+def evaluator(args: Args):
+    """The runs' final states ([runs, ...] leaves) -> {tag: [runs]}, each run's mean return over
+    --eval-episodes fresh episodes, greedy and sampled (seed k's keys in every configuration);
+    None without `act`."""
+    if not (args.eval_episodes and hasattr(make_train(args), "act")):
+        return None
+
+    def mean_returns(runner, key):
+        returns = jnp.split(play(args, runner, key, args.eval_episodes, record=False), 2)
+        return {f"eval/episodic_return_{kind}": x.mean()
+                for kind, x in zip(("greedy", "sampled"), returns)}
+
+    scores = jax.jit(jax.vmap(mean_returns))
+    keys = jax.random.split(jax.random.fold_in(jax.random.PRNGKey(args.seed), 1), args.num_seeds)
+    keys = jnp.tile(keys, (len(grid(args)), 1))
+    return lambda state: jax.device_get(scores(state, keys))
+
+
+def capture_gif(path, args: Args, state):
+    """An episode of the first run's greedy policy, drawn by gymnax's Visualizer."""
+    import gymnax
+    from gymnax.visualize import Visualizer
+    states, rewards, ended = play(args, jax.tree.map(lambda x: x[0], state),
+                                  jax.random.PRNGKey(args.seed), 1)  # [:, 0]: greedy
+    frames = int(np.argmax(ended[:, 0])) if ended[:, 0].any() else len(ended)  # the episode's steps
+    Visualizer(*gymnax.make(args.env_id), [jax.tree.map(lambda x: x[t, 0], states)
+                                           for t in range(frames)],
+               np.cumsum(rewards[:frames, 0])).animate(path)
+    return path
+
+
+def save_model(model_dir, args: Args, state):
+    """Atomically write saved_model(state) of every seed, and the arguments, to model.msgpack."""
+    write_atomic(os.path.join(model_dir, "model.msgpack"), flax.serialization.msgpack_serialize(
+        {"format": FORMAT, "file": os.path.basename(__file__),
+         "args": json.dumps(dataclasses.asdict(args)), **saved_model(state)}))
+    return os.path.join(model_dir, "model.msgpack")
+
+
+def load_model(args: Args, saved):
+    """Each seed's state from a saved model: init's, with the leaves saved_model picks replaced."""
+    hp = {k: jnp.full(args.num_seeds, getattr(args, k)[0], jnp.float32) for k in HPARAMS}
+    leaves, treedef = jax.tree.flatten(jax.vmap(make_train(args).init)(
+        jax.random.split(jax.random.PRNGKey(args.seed), args.num_seeds), hp))
+    where = saved_model(jax.tree.unflatten(treedef, range(len(leaves))))  # leaf indices
+    mine = {k: saved.get(k) for k in where}
+    same_tree = jax.tree.structure(mine) == jax.tree.structure(where)
+    if not same_tree or any(np.shape(x) != leaves[i].shape
+                            for i, x in zip(*map(jax.tree.leaves, (where, mine)))):
+        raise ArgError(f"--load-model {args.load_model}: its model does not fit this file's")
+    for i, x in zip(*map(jax.tree.leaves, (where, mine))):
+        leaves[i] = x
+    return jax.tree.unflatten(treedef, leaves)
+
+
+# ------------------------------ main: signals, the sweep and its files, errors as one line each
+STOP = []  # the signals received: the run stops at the end of the current segment
+
+
+def stop_after_segment(signum, frame):
+    """The first Ctrl-C or SIGTERM (a scheduler's notice of preemption) lets the segment finish
+    and checkpoint; a second one (the default handlers back) stops at once."""
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, signal.SIG_DFL)
+    STOP.append(signum)
+    print(f"\n{signal.Signals(signum).name}: stopping at the end of this segment (again: at "
+          "once)", file=sys.stderr)
+
+
+def train_and_write(args: Args, checkpoint, run_dir, is_lead: bool):
+    """The sweep: progress, events and a checkpoint after each segment (is_lead: this process
+    writes and prints, process 0 of --distributed), then evaluation and files."""
+    start = (checkpoint["state"], checkpoint["metrics"]) if checkpoint else None
+    done = start[1]["env_steps"] if start else np.zeros((1, 0))  # the steps already written
+    events = Tensorboard(run_dir, args, done) if is_lead and args.track else None
+    evaluate, evals = evaluator(args) if is_lead else None, {}
+    for state, metrics, timing in segments(args, start=start):
+        if args.eval_every_segment and evaluate:
+            evals = evaluate(state)
+        if events:
+            speed = [timing["sps"]] * len(metrics["env_steps"])
+            events.write(metrics, {"charts/SPS": speed, **evals})
+        if is_lead:
+            write_checkpoint(run_dir, args, state, metrics, timing["num_updates"], timing["span"])
+            print(progress(args, metrics, timing), flush=True)
+        # Every process stops after the same segment: the others would wait for it forever.
+        stop = multihost_utils.process_allgather(np.int32(STOP[0] if STOP else 0))
+        if stop.any():
+            if is_lead:
+                print(f"stopped with a checkpoint; continue with: python {sys.argv[0]} --resume "
+                      f"{run_dir}", flush=True)
+            sys.exit(128 + int(stop.max()))  # 130 after Ctrl-C, 143 after SIGTERM
+    if not is_lead:
+        return
+    if evaluate and not args.eval_every_segment:
+        evals = evaluate(state)
+        if events:
+            events.write(metrics, evals)
+    if events and args.pbt:
+        varied = [k for k in HPARAMS if len(getattr(args, k)) > 1]
+        events.write_lineages(args, metrics, evals, "\n".join(
+            population_lines(args, metrics, evals, varied)))
+    for c, (one, config_dir) in enumerate(config_dirs(run_dir, args)):
+        os.makedirs(config_dir, exist_ok=True)
+        seeds = slice(c * args.num_seeds, (c + 1) * args.num_seeds)  # this configuration's
+        write_files(config_dir, one, jax.tree.map(lambda x: x[seeds], state), args.save_model)
+    print(summary(args, metrics, timing, evals))
+
+
+def write_files(folder, args: Args, state, saving: bool):
+    """One configuration's model (if saving), GIF (if asked) and the file's pictures."""
+    paths = [save_model(folder, args, state)] if saving else []
+    if args.capture_gif:
+        paths.append(capture_gif(os.path.join(folder, "episode.gif"), args, state))
+    for path in paths + draw(folder, args, state):
+        print(f"saved {path}")
+
+
+def main():
+    # A CPU device per core (XLA runs a program on about one), unless XLA_FLAGS or jax chose.
+    if ("xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", "")
+            and jax.config.jax_num_cpu_devices < 0 and jax.default_backend() == "cpu"):
+        jax.extend.backend.clear_backends()
+        jax.config.update("jax_num_cpu_devices", os.cpu_count() or 1)
+    try:
+        args, saved = parse(sys.argv[1:]), None
+        if args.resume or args.load_model:  # the saved flags, before any is judged
+            args, saved = read_saved(args, sys.argv[1:])
+        if args.resume and args.devices_per_run is None:  # the run's layout, as it was started
+            args = dataclasses.replace(args, devices_per_run=int(saved.get("span", 1)))
+        args = validate(args)
+        start_processes(args)
+        layout(args)  # runs and envs that do not split over the devices: one line, now
+        run_dir = args.resume or os.path.join(
+            args.log_dir, f"{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}")
+        is_lead = jax.process_index() == 0  # --distributed: process 0 alone writes and prints
+        if is_lead and not args.load_model:
+            os.makedirs(run_dir, exist_ok=True)  # before anything compiles: --log-dir must work
+    except (ArgError, OSError) as e:  # (an OSError: --log-dir cannot be made)
+        print(f"error: {'' if isinstance(e, ArgError) else '--log-dir: '}{e}", file=sys.stderr)
+        sys.exit(2)
+    # The cache is set up at the first compile (importing gymnax runs some): set it up again.
+    compilation_cache.set_cache_dir(args.compile_cache_dir or None)
+    compilation_cache.reset_cache()
+    if "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS" not in os.environ:  # every program, not only
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)  # those over 1 s
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, stop_after_segment)
+    threading.excepthook = Tensorboard.quiet_writer_errors
+    try:
+        if not args.load_model:
+            train_and_write(args, saved, run_dir, is_lead)
+        else:  # the saved policy of each seed, evaluated and drawn as after training
+            state, evaluate = load_model(args, saved), evaluator(args)
+            print(f"{args.exp_name} on {args.env_id}: {args.num_seeds} seeds of {args.load_model}")
+            write_files(os.path.dirname(args.load_model), args, state, saving=False)
+            for k, v in (evaluate(state) if evaluate else {}).items():
+                print(f"{k} per seed ({args.eval_episodes} episodes): "
+                      + " ".join(f"{x:.4g}" for x in v))
+    except ArgError as e:  # the memory check, or a checkpoint this file cannot continue
+        if is_lead and not args.resume:
+            shutil.rmtree(run_dir, ignore_errors=True)
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
+    except OSError as e:  # a file that cannot be written: no space left, no permission...
+        intact = "" if args.load_model else f" (the last checkpoint in {run_dir} is intact)"
+        print(f"error: cannot write {e.filename}: {e.strerror}{intact}", file=sys.stderr)
+        sys.exit(74)  # EX_IOERR
+
+
+if __name__ == "__main__":
+    main()
