@@ -103,24 +103,38 @@ def read_scalars(run_dir, tag):
     return [(e.step, e.value) for e in acc.Scalars(tag)]
 
 
-def assert_learns(module, spec):
-    """One row of a learning table: the derived budget is within `budget`, the seeds' final
-    returns reach `mean` (and `worst` for every seed), and the last 10% of updates score at least
-    `rise` above the first 10%. Returns (args, final states, final returns)."""
+def learning_verdict(metrics, finals, spec):
+    """Why one row of a learning table fails on these runs, or None where it holds: the median of
+    the seeds' final returns reaches `median`, at least k of them reach `floor` (spec["most"] = (k,
+    floor)), and the last 10% of updates score at least `rise` above the first 10%.
+    (benchmarks/learning_rows.py sizes each row from its spread over seed bases with this.)"""
     import numpy as np
 
+    why = []
+    if np.median(finals) < spec["median"]:
+        why.append(f"median {np.median(finals):.4g} < {spec['median']}")
+    if spec.get("most") and (finals >= spec["most"][1]).sum() < spec["most"][0]:
+        why.append(f"{(finals >= spec['most'][1]).sum()} seeds >= {spec['most'][1]}, not "
+                   f"{spec['most'][0]}")
+    returns = np.asarray(metrics["episode_return"]).reshape(len(finals), -1)
+    tenth = max(1, returns.shape[1] // 10)
+    rise = np.nanmean(returns[:, -tenth:]) - np.nanmean(returns[:, :tenth])
+    if rise < spec["rise"]:
+        why.append(f"rise {rise:.4g} < {spec['rise']}")
+    return "; ".join(why) or None
+
+
+def assert_learns(module, spec):
+    """One row of a learning table: the derived budget is within `budget` and the seeds' final
+    returns (mean episode_return over the last 5% of updates) meet the row's criterion
+    (learning_verdict). Returns (args, final states, final returns)."""
     args = module.validate(module.Args(num_seeds=spec["seeds"], track=False, **spec["args"]))
     assert args.total_timesteps <= spec["budget"]
     state, metrics, _ = module.run(args)
     finals = module.final_returns(metrics)
     assert finals.shape == (spec["seeds"],)
-    assert finals.mean() >= spec["mean"], finals
-    if spec["worst"] is not None:
-        assert finals.min() >= spec["worst"], finals
-    returns = np.asarray(metrics["episode_return"])
-    tenth = max(1, returns.shape[1] // 10)
-    first, last = np.nanmean(returns[:, :tenth]), np.nanmean(returns[:, -tenth:])
-    assert last - first >= spec["rise"], (first, last)
+    verdict = learning_verdict(metrics, finals, spec)
+    assert verdict is None, (verdict, finals)
     return args, state, finals
 
 

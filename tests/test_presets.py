@@ -123,9 +123,12 @@ def test_cnn_on_any_leading_shape_and_in_one_update(module):
 
 # What a correct PPO reaches on Breakout-MinAtar with its preset on a budget that fits the suite:
 # 3.7 to 4.3 on each of 4 other seeds (--seed 7), from 0.38 in the first update; a uniform random
-# policy scores 0.41 a game (benchmarks/bench_envs.py's random_returns).
+# policy scores 0.41 a game (benchmarks/bench_envs.py's random_returns). Judged as test_ppo.py's
+# rows (conftest.learning_verdict); on seed bases 1 (the suite's), 100, 200, 2026-11-27, Intel
+# Xeon (python benchmarks/learning_rows.py): [4.2, 4.2], [4.5, 4.3], [4.7, 4.1] (margins: 1.2 on
+# the median, 2.1 on the floor).
 LEARNING = dict(args=dict(env_id="Breakout-MinAtar", total_timesteps=8192 * 12), budget=98_304,
-                seeds=2, mean=3.0, worst=2.0, rise=2.0)
+                seeds=2, median=3.0, most=(2, 2.0), rise=2.0)
 
 
 def test_minatar_return_rises_above_the_random_policy():

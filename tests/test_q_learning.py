@@ -81,7 +81,8 @@ def test_model_matches_sampled_steps(case):
         state = state.replace(position=cells)
     else:
         state = state._replace(cell=cells)
-    _, _, reward, terminated, _, final = jax.jit(env.step)(jax.random.PRNGKey(1), state, actions)
+    keys = jax.random.split(jax.random.PRNGKey(1), len(actions))  # a key each, as in training
+    _, _, reward, terminated, _, final = jax.jit(env.step)(keys, state, actions)
     counts = np.zeros((S, A, S))
     np.add.at(counts, (np.asarray(cells), np.asarray(actions), np.asarray(final)), 1)
     live = ~env.model.terminal  # episodes never step from a terminal state

@@ -127,6 +127,6 @@ def test_terminated_steps_do_not_bootstrap(module, monkeypatch):
     assert terminated_steps >= 8 and moved >= 8 and truncated_steps >= 4, counts
     # The loss calls cover whole batches (an epoch's minibatches; vpg's policy step): compute_gae
     # was handed the falls as terminated, no more (a truncation passed as one), no fewer.
-    rows, steps = sum(len(r[0]) for r in records["loss"]), sum(r[0].size for r in records["gae"])
+    rows, steps = sum(r[0].size for r in records["loss"]), sum(r[0].size for r in records["gae"])
     assert rows % steps == 0 and fallen_rows == rows // steps * terminated_steps, (
         rows, steps, fallen_rows, terminated_steps)
