@@ -1,6 +1,6 @@
 """Reproduce every benchmark table the README shows, with one command.
 
-    python benchmarks/run.py            # the full run: under 25 minutes on 2 cores (budget below)
+    python benchmarks/run.py            # the full run: about 38 minutes on 2 cores (below)
     python benchmarks/run.py --peers    # and rejax / SB3 beside ours (about 12 minutes more;
                                         # their own environment: see benchmarks/peers.py)
     python benchmarks/run.py --quick    # the pipeline on tiny budgets, under a minute
@@ -41,9 +41,12 @@ machine; RESULTS.md ends with each section's real time):
                                    memory 2 x 8 s;
                                    small loops 2 x 12 s; implementation 25 s
     is_eval          8      230    is_eval.py as typed ~100 s, in-sample sweep ~60 s, speed ~70 s
-    total           36     1340    under 25 minutes (1500 s): the full run of 2026-11-26
-                                   measured 1320 s (commands 245, robustness 672, q_learning
-                                   89, is_eval 314)
+    total           36     1340    the full run of 2026-11-26 measured 1320 s (commands 245,
+                                   robustness 672, q_learning 89, is_eval 314); that of
+                                   2026-11-27, 2265 s on a host whose numpy baselines ran 25%
+                                   slower (commands 299, robustness 1451: pqn.py's 64 seeds,
+                                   which joined the table since, 672 s of it, q_learning 113,
+                                   is_eval 402)
     minatar          7     1520    optional (--only minatar), outside the total, measured on
                                    2026-11-26: 5 games x 4 seeds x 3M steps, 111-172 s each but
                                    Seaquest (881 s: gymnax's Seaquest steps at 14k steps/s, the
