@@ -436,8 +436,7 @@ def draw(folder, args, state: RunnerState) -> list:
 # ============================================================================ runner
 # The same in every file that trains, byte for byte (a test compares them): a sweep of
 # make_train's program and all around it. It reads these names from above the fence, no other:
-#   Hyperparams       dataclass: the algorithm's flags, env_id first, each field's docstring its
-#                     --help; resolve fills a field left None.
+#   Hyperparams       dataclass of the algorithm's flags (env_id first; docstrings: --help).
 #   HPARAMS           {flag: (rule text, rule)}: the float flags the program traces, typed
 #                     tuple[float, ...], several values a sweep; rule(x) -> bool, on arrays too.
 #   NEAR_ONE          the HPARAMS flags whose scale is 1 - x (discounts): --pbt perturbs 1 - x.
@@ -454,9 +453,8 @@ def draw(folder, args, state: RunnerState) -> list:
 #                     key=None) -> (actions, memory) for raw observations, greedy or with a key
 #                     exploring, memory what the policy carries from one step of an episode to
 #                     the next ([N, ...] leaves; () without), at its start train.initial_memory(N).
-#                     metrics {name: scalar}: env_steps, episode_return and episode_length (mean
-#                     over the episodes ended in the update, NaN if none); tags: episode_* ->
-#                     charts/episodic_*, loss/x -> losses/x.
+#                     metrics {name: scalar}: env_steps, episode_return, episode_length (mean
+#                     over the update's ended episodes, NaN if none); loss/x -> losses/x.
 #   COMPILER_OPTIONS  XLA's options for the compiled programs.
 #   SCORE, SHOWN      the metric ranking a sweep's configurations; {metric: format} to show.
 #   saved_model(state) -> {name: leaves}: all act reads; --save-model writes, --load-model reads it.
@@ -531,9 +529,8 @@ class Args(Hyperparams, ExtraFlags):
     process_id: Optional[int] = None
     """--distributed: this process's index, 0 to num_processes - 1; unset: detected"""
     devices_per_run: typing.Annotated[Optional[int], tyro.conf.arg(help=(
-        f"devices one run spans: its --{SPLIT.replace('_', '-')} shared out over them, what it "
-        "averages averaged over all; unset: runs fill the devices, each spanning several when "
-        "there are fewer runs than devices; --resume keeps the run's"))] = None
+        f"devices one run spans (its --{SPLIT.replace('_', '-')} shared out, means over all); "
+        "unset: runs fill the devices, several a run if fewer; --resume keeps a run's"))] = None
     pbt: bool = False
     """population-based training: the sweep's runs copy better ones and perturb the swept floats
     (x0.8 or x1.25; a discount's 1 - x; a 0 stays 0)"""
@@ -669,9 +666,8 @@ def start_processes(args: Args):
 
 
 # ----------------------- the sweep: segments of one program over the devices, PBT between them
-# The devices form a mesh: "runs" splits the sweep's runs into groups of devices, "batch" a run's
-# SPLIT (its envs) over the devices of its group; the gradients and statistics of such a run are
-# averaged over them (make_train's axis). A state leaf is [runs, ...] as one device holds it.
+# A mesh: "runs" splits the sweep's runs into groups of devices, "batch" a run's SPLIT over its
+# group, which averages its gradients and statistics (make_train's axis); leaves [runs, ...].
 def layout(args: Args, limit: Optional[int] = None) -> Mesh:
     """The mesh of the devices: the runs over groups ("runs") of `span` devices ("batch"), every
     process lending its first ones, as many (<= limit): the most devices, then the most groups (the
@@ -680,8 +676,7 @@ def layout(args: Args, limit: Optional[int] = None) -> Mesh:
     runs, processes = len(grid(args)) * args.num_seeds, jax.process_count()
     local = min(limit or jax.local_device_count(), jax.local_device_count())
     if (args.devices_per_run or 0) > processes * local:
-        raise ArgError(f"--devices-per-run {args.devices_per_run}: more than the "
-                       f"{processes * local} devices here ({processes} process(es) x {local})")
+        raise ArgError(f"--devices-per-run {args.devices_per_run} > {processes * local} devices")
     reasons = {span: why_not_split(args, span) for span in range(1, processes * local + 1)}
     fits = []
     for groups in (g for g in range(1, runs + 1) if runs % g == 0):
@@ -766,8 +761,7 @@ def compile_sweep(args: Args, mesh, specs, train, keys, hp, resuming: bool):
 
         return jax.lax.scan(step, state, jnp.arange(length))
 
-    # (Not checked by JAX: that what is the same on every device of a run, as its params, stays so.
-    # make_train does; JAX's check would reject, among others, a scan from a constant carry.)
+    # (make_train keeps a run's params the same on its devices; JAX's check_vma rejects our scans.)
     over_mesh = partial(jax.shard_map, mesh=mesh, check_vma=False)
     run_init = jax.jit(over_mesh(jax.vmap(train.init), in_specs=P("runs"), out_specs=specs))
     run_segment = jax.jit(over_mesh(jax.vmap(one_segment, in_axes=(0, 0, None)),
@@ -1104,12 +1098,12 @@ UMASK = os.umask(0o022)  # read (and put back) once
 os.umask(UMASK)
 
 
-def write_checkpoint(run_dir, args: Args, state, metrics, num_updates, span: int = 1):
-    """run_dir/checkpoint.msgpack: the arguments, every run's state and metrics, and the devices a
-    run spans (--resume keeps them), after a SHA-256."""
+def write_checkpoint(run_dir, args: Args, state, metrics, num_updates, span=None):
+    """run_dir/checkpoint.msgpack: the arguments (the span: --resume keeps it), every run's state
+    and metrics, after a SHA-256."""
+    args = dataclasses.replace(args, devices_per_run=span or args.devices_per_run)
     data = flax.serialization.msgpack_serialize({
         "format": FORMAT, "file": os.path.basename(__file__), "num_updates": num_updates,
-        "span": span,
         "args": json.dumps(dataclasses.asdict(args)), "metrics": metrics,
         "state": flax.serialization.to_state_dict(state)})
     write_atomic(os.path.join(run_dir, "checkpoint.msgpack"), hashlib.sha256(data).digest() + data)
@@ -1332,8 +1326,6 @@ def main():
         args, saved = parse(sys.argv[1:]), None
         if args.resume or args.load_model:  # the saved flags, before any is judged
             args, saved = read_saved(args, sys.argv[1:])
-        if args.resume and args.devices_per_run is None:  # the run's layout, as it was started
-            args = dataclasses.replace(args, devices_per_run=int(saved.get("span", 1)))
         args = validate(args)
         start_processes(args)
         layout(args)  # runs and envs that do not split over the devices: one line, now

@@ -114,7 +114,7 @@ def test_parameters_stay_bitwise_the_same_on_every_device(name):
 
 
 @pytest.mark.parametrize("flags, message", [
-    (["--devices-per-run", 3], "--devices-per-run 3: more than the 2 devices here"),
+    (["--devices-per-run", 3], "--devices-per-run 3 > 2 devices"),
     (["--num-seeds", 1, "--num-envs", 3, "--devices-per-run", 2],
      "--devices-per-run 2: --num-envs 3 does not split into 2 equal shares"),
     # A device's share must itself be a run: 2 envs x 8 steps do not make 4 minibatches of 32.
