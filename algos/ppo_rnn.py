@@ -94,13 +94,11 @@ class RunningStats(NamedTuple):
     var: jax.Array
     count: jax.Array
 
-    def moments(self, batch):
-        """A batch's [n, ...] count, sum and squares about the mean so far: what devices add."""
-        return jnp.float32(len(batch)), batch.sum(0), ((batch - self.mean) ** 2).sum(0)
-
-    def update(self, moments):
-        """The statistics joined with a batch's moments (a run's: those of all its devices)."""
-        b_count, b_sum, b_squares = moments
+    def update(self, batch, psum=lambda x: x):
+        """The statistics with batch [n, ...] added: a device's share; psum adds the run's count,
+        sum and squares about the mean so far in one all-reduce."""
+        b_count, b_sum, b_squares = psum((jnp.float32(len(batch)), batch.sum(0),
+                                          ((batch - self.mean) ** 2).sum(0)))
         delta, total = b_sum / b_count - self.mean, self.count + b_count
         b_var = b_squares / b_count - delta**2
         mean = self.mean + delta * b_count / total
@@ -298,19 +296,10 @@ def make_train(args, axis=None):
     to_env = lambda action: (jnp.clip(action, action_space.low, action_space.high) if continuous
                              else action)
 
-    def normalizer(runner, next_obs, discounted_return):
-        """(obs_stats, return_stats) with a step's added by one all-reduce over the run's devices:
-        the observations the next step acts on (init adds the first: stats include runner.obs),
-        the discounted returns, whose std scales the rewards (as gym's NormalizeReward)."""
-        obs_stats, return_stats = runner.obs_stats, runner.return_stats
-        moments = psum_flat((
-            obs_stats.moments(next_obs) if args.normalize_obs else (),
-            return_stats.moments(discounted_return[:, None]) if args.normalize_reward else ()))
-        return (obs_stats.update(moments[0]) if args.normalize_obs else obs_stats,
-                return_stats.update(moments[1]) if args.normalize_reward else return_stats)
-
     def env_step(hp, runner: RunnerState, _):
-        obs = normalize(runner.obs, runner.obs_stats, args.normalize_obs)  # (stats include it)
+        obs_stats = (runner.obs_stats.update(runner.obs, psum_flat) if args.normalize_obs
+                     else runner.obs_stats)
+        obs = normalize(runner.obs, obs_stats, args.normalize_obs)
         key, k_act, k_env = jax.random.split(runner.key, 3)
 
         def act_one(memory, obs, first, key):  # each env by a key of its own, however split
@@ -324,25 +313,25 @@ def make_train(args, axis=None):
             env_keys(k_env), runner.env_state, to_env(action), env_params)
         done = jnp.logical_or(terminated, truncated)
         terminated, truncated = terminated.astype(jnp.float32), truncated.astype(jnp.float32)
+        # Reward scaling divides by the std of the discounted return (as gym's NormalizeReward).
         discounted_return = runner.discounted_return * hp["gamma"] + reward
-        next_obs = as_inputs(next_obs)
-        obs_stats, return_stats = normalizer(runner, next_obs, discounted_return)
+        return_stats = (runner.return_stats.update(discounted_return[:, None], psum_flat)
+                        if args.normalize_reward else runner.return_stats)
         scaled_reward = reward / jnp.sqrt(return_stats.var[0] + 1e-8) if args.normalize_reward \
             else reward
         episode_return = runner.episode_return + reward
         episode_length = runner.episode_length + 1
         # V(final obs) by the episode's memory, before the reset (PureJaxRL's ignores truncation)
-        final_obs = normalize(as_inputs(info["final_observation"]), runner.obs_stats,
-                              args.normalize_obs)
+        final_obs = normalize(as_inputs(info["final_observation"]), obs_stats, args.normalize_obs)
         next_value = step(runner.params, memory, final_obs, jnp.zeros_like(done))[2]
         transition = Transition(obs, runner.first, action, log_prob, value, scaled_reward,
                                 next_value, terminated, truncated)
         finished = (done.sum(), (episode_return * done).sum(), (episode_length * done).sum())
         runner = runner._replace(
-            env_state=env_state, obs=next_obs, first=done, memory=memory, obs_stats=obs_stats,
+            env_state=env_state, obs=as_inputs(next_obs), obs_stats=obs_stats,
             return_stats=return_stats, discounted_return=jnp.where(done, 0.0, discounted_return),
             episode_return=jnp.where(done, 0.0, episode_return),
-            episode_length=jnp.where(done, 0, episode_length), key=key)
+            episode_length=jnp.where(done, 0, episode_length), first=done, memory=memory, key=key)
         return runner, (transition, finished)
 
     def update_minibatch(hp, tx, carry, minibatch):
@@ -397,13 +386,10 @@ def make_train(args, axis=None):
                               jnp.ones((1, 1), bool))
         obs, env_state = jax.vmap(env.reset, in_axes=(0, None))(env_keys(k_env), env_params)
         stats = lambda shape: RunningStats(jnp.zeros(shape), jnp.ones(shape), jnp.asarray(1e-4))
-        obs_stats = stats(obs_shape)
-        if args.normalize_obs:  # the first observations (each env step adds the next ones)
-            obs_stats = obs_stats.update(psum_flat(obs_stats.moments(as_inputs(obs))))
         envs = len(obs)  # this device's
         return RunnerState(
             params=params, opt_state=make_tx(hp).init(params), env_state=env_state,
-            obs=as_inputs(obs), obs_stats=obs_stats, return_stats=stats((1,)),
+            obs=as_inputs(obs), obs_stats=stats(obs_shape), return_stats=stats((1,)),
             first=jnp.ones(envs, bool), memory=initial_memory(envs),
             discounted_return=jnp.zeros(envs), episode_return=jnp.zeros(envs),
             episode_length=jnp.zeros(envs, jnp.int32), key=k_run, updates_done=jnp.int32(0))
