@@ -25,7 +25,6 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 from gymnax.environments import spaces
-from jax.flatten_util import ravel_pytree
 
 
 # ============================================================================ 1. hyperparameters
@@ -110,6 +109,31 @@ def normalize(obs, stats: RunningStats, enabled: bool):
     return jnp.clip((obs - stats.mean) / jnp.sqrt(stats.var + 1e-8), -10, 10) if enabled else obs
 
 
+def scale_reward(reward, done, discounted_return, stats: RunningStats, gamma, enabled: bool, psum):
+    """Reward scaling as gym's NormalizeReward: the reward over the running std of each env's
+    discounted return -> (scaled reward, discounted return restarted where done, its statistics)."""
+    discounted_return = discounted_return * gamma + reward
+    if enabled:
+        stats = stats.update(discounted_return[:, None], psum)
+        reward = reward / jnp.sqrt(stats.var[0] + 1e-8)
+    return reward, jnp.where(done, 0.0, discounted_return), stats
+
+
+def env_interface(args, env, env_params):
+    """(obs_shape, as_inputs, action_space, to_env): the network's inputs from the env's
+    observations (--mask-velocity's kept; any rank flattened for the MLP, images for the CNN) and
+    the env's actions from the network's (a Box's clipped to its bounds)."""
+    action_space = env.action_space(env_params)
+    kept = POSITIONS[args.env_id] if args.mask_velocity else slice(None)
+    obs_shape = np.zeros(env.observation_space(env_params).shape)[..., kept].shape
+    obs_shape = obs_shape if args.network == "cnn" else (int(np.prod(obs_shape)),)
+    as_inputs = lambda obs: obs[..., kept].reshape(-1, *obs_shape).astype(jnp.float32)
+    if not isinstance(action_space, spaces.Box):
+        return obs_shape, as_inputs, action_space, lambda action: action
+    clip = partial(jnp.clip, min=action_space.low, max=action_space.high)
+    return obs_shape, as_inputs, action_space, clip
+
+
 # ============================================================================ 3. network
 class MinAtarCNN(nn.Module):
     """MinAtar's (Young & Tian 2019): 16 filters of 3x3, a dense layer of 128, relu, on [..., H, W,
@@ -157,6 +181,9 @@ class ActorCritic(nn.Module):
         if self.continuous:
             return memory, distrax.MultivariateNormalDiag(out, jnp.exp(self.log_std)), value
         return memory, distrax.Categorical(logits=out), value
+
+    def initial_memory(self, n: int):  # as at an episode's first step (the GRU zeroes it there)
+        return jnp.zeros((n, self.hidden_size))
 
 
 # ============================================================================ 4. the update
@@ -212,12 +239,6 @@ def standardize(x, psum=lambda x: x):
     return (x - mean) / (jnp.sqrt(psum(((x - mean) ** 2).sum()) / count) + 1e-8)
 
 
-def flat_collective(collective, tree, axis_name):
-    """A collective (pmean, psum) of a pytree as one array: XLA CPU's meets once per array."""
-    flat, unflatten = ravel_pytree(tree)
-    return unflatten(collective(flat, axis_name))
-
-
 def loss_fn(params, network, hp, clip_vloss, memory, batch: Transition, advantages, targets):
     """PPO's loss on a minibatch of whole envs ([envs, T]) re-run from their rollout-start memory,
     its advantages standardized, and its statistics; hp holds clip_coef, vf_coef, ent_coef."""
@@ -240,64 +261,49 @@ def loss_fn(params, network, hp, clip_vloss, memory, batch: Transition, advantag
                   "stats/clip_frac": (jnp.abs(ratio - 1.0) > clip).mean()}
 
 
-def make_train(args, axis=None):
+def make_tx(args, hp, num_updates):
+    """Adam from a run's traced learning rate (annealed to 0 over its minibatch steps), after a clip
+    of the gradients' global norm: built in each program, since it closes over the traced hp."""
+    lr, steps = hp["learning_rate"], num_updates * args.update_epochs * args.num_minibatches
+    return optax.chain(optax.clip_by_global_norm(hp["max_grad_norm"]), optax.adam(
+        optax.linear_schedule(lr, 0.0, steps) if args.anneal_lr else lr, eps=1e-5))
+
+
+def count_episodes(reward, done, episode_return, episode_length):
+    """Each env's return and length so far after a step, restarted where an episode ended, and the
+    ended episodes' (count, return sum, length sum), which episode_metrics averages."""
+    episode_return, episode_length = episode_return + reward, episode_length + 1
+    finished = (done.sum(), (episode_return * done).sum(), (episode_length * done).sum())
+    return finished, jnp.where(done, 0.0, episode_return), jnp.where(done, 0, episode_length)
+
+
+def episode_metrics(finished, psum):
+    """The mean return and length of the episodes that ended in an update (NaN if none), from its
+    steps' (count, return sum, length sum), summed over the run's devices by psum."""
+    count, return_sum, length_sum = psum(jax.tree.map(lambda x: x.sum(), finished))
+    return {"episode_return": jnp.where(count > 0, return_sum / count, jnp.nan),
+            "episode_length": jnp.where(count > 0, length_sum / count, jnp.nan)}
+
+
+def make_train(args, shard):
     """train(key, hp) -> (final RunnerState, metrics [num_updates]): one run as one program, its
     HPARAMS hp traced; train.init, train.update, train.act: the runner's contract at the fence.
-    axis: the mesh axis that the run's envs are split over when it spans devices: each steps its
-    share, and the gradients and every statistic of the batch are the whole run's."""
+    shard: this device's part of a run over several (the runner's Shard), its envs and means."""
     env, env_params = gymnax.make(args.env_id)
-    action_space = env.action_space(env_params)
+    obs_shape, as_inputs, action_space, to_env = env_interface(args, env, env_params)
     continuous = isinstance(action_space, spaces.Box)
-    # The MLP takes observations of any rank (MinAtar's grids) flattened; the CNN, images.
-    kept = POSITIONS[args.env_id] if args.mask_velocity else slice(None)
-    obs_shape = np.zeros(env.observation_space(env_params).shape)[..., kept].shape
-    obs_shape = obs_shape if args.network == "cnn" else (int(np.prod(obs_shape)),)
-    as_inputs = lambda obs: obs[..., kept].reshape(-1, *obs_shape).astype(jnp.float32)
     action_dim = action_space.shape[0] if continuous else action_space.n
     batch_size = args.num_envs * args.num_steps  # the run's (all devices')
     num_updates = args.total_timesteps // batch_size
     network = ActorCritic(action_dim, continuous, args.hidden_size, args.network, args.activation)
-
-    def over_devices(collective):  # over the run's devices (axis); nothing to do on one
-        return (lambda x: x) if axis is None else partial(collective, axis_name=axis)
-
-    psum, pmean = over_devices(jax.lax.psum), over_devices(partial(flat_collective, jax.lax.pmean))
-    psum_flat = over_devices(partial(flat_collective, jax.lax.psum))  # many arrays, one all-reduce
-
-    def share(x):  # this device's rows of a run-wide array ordered by env (one device: all)
-        if axis is None:
-            return x
-        size = len(x) // jax.lax.axis_size(axis)
-        return jax.lax.dynamic_slice_in_dim(x, jax.lax.axis_index(axis) * size, size)
-
-    def env_keys(key):  # a key for each env of the run: the same however the envs are split
-        return share(jax.random.split(key, args.num_envs))
-
-    def minibatches(key, batch):
-        """batch [n, ...] (this device's n envs, whole sequences) -> [num_minibatches, n / M, ...],
-        the same on any layout: the run's envs in blocks of M = num_minibatches, each block's
-        order shuffled by a key of its own, minibatch i takes the i-th env of every block. (Unlike
-        a shuffle of all envs, no two envs of a block share a minibatch.)"""
-        keys = share(jax.random.split(key, args.num_envs // args.num_minibatches))
-        order = jax.vmap(jax.random.permutation, in_axes=(0, None))(keys, args.num_minibatches)
-        index = (order + args.num_minibatches * jnp.arange(len(keys))[:, None]).T
-        return jax.tree.map(lambda x: x[index], batch)
+    vstep = jax.vmap(env.step, in_axes=(0, 0, 0, None))
 
     def step(params, memory, obs, first):  # one step of N envs (obs [N, ...]): sequences of 1
         memory, dist, value = network.apply(params, memory, obs[:, None], first[:, None])
         return memory, dist[:, 0], value[:, 0]
 
-    def make_tx(hp):  # from this run's traced learning rate and gradient clip
-        lr, steps = hp["learning_rate"], num_updates * args.update_epochs * args.num_minibatches
-        return optax.chain(optax.clip_by_global_norm(hp["max_grad_norm"]), optax.adam(
-            optax.linear_schedule(lr, 0.0, steps) if args.anneal_lr else lr, eps=1e-5))
-
-    vstep = jax.vmap(env.step, in_axes=(0, 0, 0, None))
-    to_env = lambda action: (jnp.clip(action, action_space.low, action_space.high) if continuous
-                             else action)
-
     def env_step(hp, runner: RunnerState, _):
-        obs_stats = (runner.obs_stats.update(runner.obs, psum_flat) if args.normalize_obs
+        obs_stats = (runner.obs_stats.update(runner.obs, shard.psum) if args.normalize_obs
                      else runner.obs_stats)
         obs = normalize(runner.obs, obs_stats, args.normalize_obs)
         key, k_act, k_env = jax.random.split(runner.key, 3)
@@ -308,46 +314,44 @@ def make_train(args, axis=None):
             return memory[0], action[0], log_prob[0], value[0]
 
         memory, action, log_prob, value = jax.vmap(act_one)(
-            runner.memory, obs, runner.first, env_keys(k_act))
+            runner.memory, obs, runner.first, shard.keys(k_act, args.num_envs))
         next_obs, env_state, reward, terminated, truncated, info = vstep(
-            env_keys(k_env), runner.env_state, to_env(action), env_params)
+            shard.keys(k_env, args.num_envs), runner.env_state, to_env(action), env_params)
         done = jnp.logical_or(terminated, truncated)
         terminated, truncated = terminated.astype(jnp.float32), truncated.astype(jnp.float32)
-        # Reward scaling divides by the std of the discounted return (as gym's NormalizeReward).
-        discounted_return = runner.discounted_return * hp["gamma"] + reward
-        return_stats = (runner.return_stats.update(discounted_return[:, None], psum_flat)
-                        if args.normalize_reward else runner.return_stats)
-        scaled_reward = reward / jnp.sqrt(return_stats.var[0] + 1e-8) if args.normalize_reward \
-            else reward
-        episode_return = runner.episode_return + reward
-        episode_length = runner.episode_length + 1
+        scaled_reward, discounted_return, return_stats = scale_reward(
+            reward, done, runner.discounted_return, runner.return_stats, hp["gamma"],
+            args.normalize_reward, shard.psum)
+        finished, episode_return, episode_length = count_episodes(
+            reward, done, runner.episode_return, runner.episode_length)
         # V(final obs) by the episode's memory, before the reset (PureJaxRL's ignores truncation)
         final_obs = normalize(as_inputs(info["final_observation"]), obs_stats, args.normalize_obs)
         next_value = step(runner.params, memory, final_obs, jnp.zeros_like(done))[2]
         transition = Transition(obs, runner.first, action, log_prob, value, scaled_reward,
                                 next_value, terminated, truncated)
-        finished = (done.sum(), (episode_return * done).sum(), (episode_length * done).sum())
         runner = runner._replace(
             env_state=env_state, obs=as_inputs(next_obs), obs_stats=obs_stats,
-            return_stats=return_stats, discounted_return=jnp.where(done, 0.0, discounted_return),
-            episode_return=jnp.where(done, 0.0, episode_return),
-            episode_length=jnp.where(done, 0, episode_length), first=done, memory=memory, key=key)
+            return_stats=return_stats, discounted_return=discounted_return, first=done,
+            episode_return=episode_return, episode_length=episode_length, memory=memory, key=key)
         return runner, (transition, finished)
 
     def update_minibatch(hp, tx, carry, minibatch):
         params, opt_state = carry
         grads, stats = jax.grad(loss_fn, has_aux=True)(params, network, hp, args.clip_vloss,
                                                        *minibatch)
-        updates, opt_state = tx.update(pmean(grads), opt_state, params)
+        updates, opt_state = tx.update(shard.pmean(grads), opt_state, params)
         return (optax.apply_updates(params, updates), opt_state), stats
 
     def update_epoch(hp, tx, carry, _):
         params, opt_state, batch, key = carry
         key, k_perm = jax.random.split(key)
-        memory, traj, advantages, targets = minibatches(k_perm, batch)
+        # Whole sequences, an env an item ([1, n, ...]): minibatch i takes the i-th env of every
+        # block of num_minibatches envs (the same on any layout; no two of a block together).
+        memory, traj, advantages, targets = shard.minibatches(
+            k_perm, jax.tree.map(lambda x: x[None], batch), args.num_minibatches)
         # Each minibatch's advantages standardized over it (all the run's devices' shares: here,
         # for all minibatches at once, not a collective in each step)
-        advantages = jax.vmap(partial(standardize, psum=psum))(advantages)
+        advantages = jax.vmap(partial(standardize, psum=shard.psum))(advantages)
         (params, opt_state), stats = jax.lax.scan(partial(update_minibatch, hp, tx),
                                                   (params, opt_state),
                                                   (memory, traj, advantages, targets))
@@ -358,41 +362,38 @@ def make_train(args, axis=None):
         memory = runner.memory  # each env's state at the rollout's start: its re-run's start
         runner, (traj, finished) = jax.lax.scan(partial(env_step, hp), runner, None,
                                                 args.num_steps)
-        advantages, targets = compute_gae(traj.reward, traj.value, traj.next_value,
-                                          traj.terminated, traj.truncated, hp["gamma"],
-                                          hp["gae_lambda"])
+        advantages, targets = compute_gae(traj.reward, traj.value, traj.next_value, traj.terminated,
+                                          traj.truncated, hp["gamma"], hp["gae_lambda"])
         batch = (memory, *jax.tree.map(lambda x: x.swapaxes(0, 1), (traj, advantages, targets)))
         key, k_epochs = jax.random.split(runner.key)
         (params, opt_state, _, _), stats = jax.lax.scan(
-            partial(update_epoch, hp, make_tx(hp)),
+            partial(update_epoch, hp, make_tx(args, hp, num_updates)),
             (runner.params, runner.opt_state, batch, k_epochs), None, args.update_epochs)
         runner = runner._replace(params=params, opt_state=opt_state, key=key,
                                  updates_done=runner.updates_done + 1)
-        count, return_sum, length_sum = psum(jax.tree.map(lambda x: x.sum(), finished))
-        metrics = pmean({k: v.mean() for k, v in stats.items()})
+        metrics = shard.pmean({k: v.mean() for k, v in stats.items()})
+        metrics.update(episode_metrics(finished, shard.psum))
         metrics["env_steps"] = runner.updates_done * batch_size
-        metrics["episode_return"] = jnp.where(count > 0, return_sum / count, jnp.nan)
-        metrics["episode_length"] = jnp.where(count > 0, length_sum / count, jnp.nan)
         # The rate in force at the update's first step (make_tx's schedule, before this update)
         annealed = 1 - (runner.updates_done - 1) / num_updates if args.anneal_lr else 1
         metrics["charts/learning_rate"] = hp["learning_rate"] * annealed
         return runner, metrics
 
-    initial_memory = lambda n: jnp.zeros((n, args.hidden_size))  # as at an episode's first step
-
     def init(key, hp) -> RunnerState:
         k_init, k_env, k_run = jax.random.split(key, 3)
-        params = network.init(k_init, initial_memory(1), jnp.zeros((1, 1, *obs_shape)),
+        params = network.init(k_init, network.initial_memory(1), jnp.zeros((1, 1, *obs_shape)),
                               jnp.ones((1, 1), bool))
-        obs, env_state = jax.vmap(env.reset, in_axes=(0, None))(env_keys(k_env), env_params)
+        obs, env_state = jax.vmap(env.reset, in_axes=(0, None))(
+            shard.keys(k_env, args.num_envs), env_params)
         stats = lambda shape: RunningStats(jnp.zeros(shape), jnp.ones(shape), jnp.asarray(1e-4))
         envs = len(obs)  # this device's
         return RunnerState(
-            params=params, opt_state=make_tx(hp).init(params), env_state=env_state,
-            obs=as_inputs(obs), obs_stats=stats(obs_shape), return_stats=stats((1,)),
-            first=jnp.ones(envs, bool), memory=initial_memory(envs),
-            discounted_return=jnp.zeros(envs), episode_return=jnp.zeros(envs),
-            episode_length=jnp.zeros(envs, jnp.int32), key=k_run, updates_done=jnp.int32(0))
+            params=params, opt_state=make_tx(args, hp, num_updates).init(params),
+            env_state=env_state, obs=as_inputs(obs), obs_stats=stats(obs_shape),
+            return_stats=stats((1,)), first=jnp.ones(envs, bool),
+            memory=network.initial_memory(envs), discounted_return=jnp.zeros(envs),
+            episode_return=jnp.zeros(envs), episode_length=jnp.zeros(envs, jnp.int32), key=k_run,
+            updates_done=jnp.int32(0))
 
     def act(runner: RunnerState, obs, memory, key=None):
         """Actions for raw observations [N, ...], normalisation frozen: sampled, or greedy."""
@@ -401,11 +402,10 @@ def make_train(args, axis=None):
         return to_env(dist.mode() if key is None else dist.sample(seed=key)), memory
 
     def train(key, hp):
-        return jax.lax.scan(lambda runner, _: update(hp, runner), init(key, hp), None,
-                            num_updates)
+        return jax.lax.scan(lambda runner, _: update(hp, runner), init(key, hp), None, num_updates)
 
     train.init, train.update, train.act, train.num_updates = init, update, act, num_updates
-    train.initial_memory = initial_memory
+    train.initial_memory = network.initial_memory
     return train
 
 
@@ -483,9 +483,9 @@ ExtraFlags, draw = dataclasses.make_dataclass("ExtraFlags", []), lambda folder, 
 #   SPLIT             the int flag whose count a run spanning devices shares out (its envs).
 #   SIZE_FLAGS        the flags that set a run's memory, named when it does not fit.
 #   resolve(args)     -> args, every None filled (presets, rules); ValueError names a bad flag.
-#   make_train(args, axis=None) -> train(key, hp) -> (state, metrics): one run, hp {HPARAMS flag:
-#                     traced float32}; with axis (a mesh axis over the devices of a run), each
-#                     device's program: its share of SPLIT, means over the whole run's.
+#   make_train(args, shard) -> train(key, hp) -> (state, metrics): one run, hp {HPARAMS flag:
+#                     traced float32}; shard (a Shard, below; Shard(): a run on one device) gives
+#                     each device's program its share of SPLIT, sums and means over the run's.
 #                     train.init(key, hp) -> state, a NamedTuple (its field `key`: the run's PRNG
 #                     key, which --pbt renews); train.update(hp, state) -> (state, metrics);
 #                     train.num_updates; for evaluation and GIFs, train.act(state, obs, memory,
@@ -521,6 +521,7 @@ import jax.extend
 import tyro
 from jax.experimental import multihost_utils
 from jax.experimental.compilation_cache import compilation_cache
+from jax.flatten_util import ravel_pytree
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 from tensorboard.compat.proto.event_pb2 import Event, SessionLog
@@ -748,11 +749,70 @@ def why_not_split(args: Args, span: int) -> Optional[str]:
         return f"a device's share of a run: {e}"
 
 
+class Shard:
+    """One device's part of a run (make_train's `shard`): its share of the run's SPLIT (envs),
+    the run's arrays that it holds rows of, and sums and means over the run's devices (the mesh
+    axis `axis`). A run alone on its device: Shard(), the whole run, no collective."""
+
+    def __init__(self, axis: Optional[str] = None):
+        self.axis = axis
+
+    def share(self, x):
+        """This device's rows of a run-wide array [SPLIT, ...] (ordered by env)."""
+        if self.axis is None:
+            return x
+        size = len(x) // jax.lax.axis_size(self.axis)
+        return jax.lax.dynamic_slice_in_dim(x, jax.lax.axis_index(self.axis) * size, size)
+
+    def keys(self, key, count: int):
+        """This device's share of count keys split from key (a key per env of the run: each env
+        draws the same whatever the layout)."""
+        return self.share(jax.random.split(key, count))
+
+    def psum(self, tree):
+        """The pytree's sum over the run's devices."""
+        return self.all_reduce(jax.lax.psum, tree)
+
+    def pmean(self, tree):
+        """The pytree's mean over the run's devices."""
+        return self.all_reduce(jax.lax.pmean, tree)
+
+    def all_reduce(self, collective, tree):
+        """One collective per dtype, its leaves as one flat array (XLA's CPU all-reduce meets its
+        peers once per array: a tree of gradients would meet once per leaf)."""
+        if self.axis is None:
+            return tree
+        if isinstance(tree, int):  # a count known when tracing: JAX folds it (times the devices)
+            return collective(tree, self.axis)
+        leaves, treedef = jax.tree.flatten(jax.tree.map(jnp.asarray, tree))
+        for dtype in dict.fromkeys(x.dtype for x in leaves):  # (the same order on every device)
+            mine = [i for i, x in enumerate(leaves) if x.dtype == dtype]
+            flat, unravel = ravel_pytree([leaves[i] for i in mine])
+            for i, x in zip(mine, unravel(collective(flat, self.axis))):
+                leaves[i] = x
+        return jax.tree.unflatten(treedef, leaves)
+
+    def minibatches(self, key, batch, count: int):
+        """batch [T, n, ...] (this device's n envs) -> [count, T n / count, ...], the same samples
+        on any layout: the run's envs in blocks of `group` (the fewest whose steps split into
+        count: one env if count divides T), each block's steps shuffled by a key of its own;
+        minibatch i is chunk i of every block (so it holds as many steps of each block)."""
+        steps, envs = jax.tree.leaves(batch)[0].shape[:2]
+        group = count // np.gcd(steps, count)
+        run_envs = envs if self.axis is None else envs * jax.lax.axis_size(self.axis)
+        keys = self.keys(key, run_envs // group)
+        order = jax.vmap(jax.random.permutation, in_axes=(0, None))(keys, group * steps)
+        env = jnp.arange(len(keys))[:, None] * group + order // steps
+        index = (order % steps) * (len(keys) * group) + env  # in the [T * n] batch
+        index = index.reshape(len(keys), count, -1).swapaxes(0, 1).reshape(count, -1)
+        return jax.tree.map(lambda x: x.reshape(-1, *x.shape[2:])[index], batch)
+
+
 def state_specs(args: Args, span: int, key, hp):
     """A PartitionSpec per state leaf: [runs, ...] over "runs" and, where a device holds only its
     share of the run's (a leaf smaller in a run of its share of SPLIT), that axis over "batch"."""
     share = dataclasses.replace(args, **{SPLIT: getattr(args, SPLIT) // span})
-    whole, part = (jax.eval_shape(make_train(run).init, key, hp) for run in (args, share))
+    whole, part = (jax.eval_shape(make_train(run, Shard()).init, key, hp) for run in (args, share))
 
     def spec(whole, part):
         split = [i for i, (a, b) in enumerate(zip(whole.shape, part.shape)) if a != b]
@@ -837,7 +897,7 @@ def segments(args: Args, num_devices: Optional[int] = None, start=None):
     span, on_runs = mesh.shape["batch"], partial(on_mesh, mesh, specs=P("runs"))
     keys = jnp.tile(jax.random.split(jax.random.PRNGKey(args.seed), seeds), (len(configs), 1))
     hp_runs = {k: np.repeat(np.float32([c[k] for c in configs]), seeds) for k in HPARAMS}
-    train = make_train(args, "batch" if span > 1 else None)
+    train = make_train(args, Shard("batch" if span > 1 else None))
     specs = state_specs(args, span, keys[0], {k: v[0] for k, v in hp_runs.items()})
     t0, seen = time.perf_counter(), len(EVENTS)  # a cache hit from here on is training's
     run_init, run_segment, length = compile_sweep(args, mesh, specs, train, keys, hp_runs,
@@ -849,10 +909,10 @@ def segments(args: Args, num_devices: Optional[int] = None, start=None):
     if start is None:
         state, metrics = run_init(on_runs(keys), on_runs(hp_runs)), None
     else:  # a checkpoint's leaves are [runs, ...] as one device holds them, whatever the layout
-        saved_state, metrics = start
+        (saved_state, metrics), one = start, make_train(args, Shard())  # (the whole run's shapes)
         try:
             state = flax.serialization.from_state_dict(
-                jax.eval_shape(jax.vmap(make_train(args).init), keys, hp_runs), saved_state)
+                jax.eval_shape(jax.vmap(one.init), keys, hp_runs), saved_state)
         except (ValueError, KeyError) as e:
             raise ArgError(f"--resume: the checkpoint's state does not fit this file's ({e})")
         if args.pbt:  # those of the last segment; the population steps on as it would have
@@ -1207,7 +1267,7 @@ def play(args: Args, runner, key, episodes: int, record: bool = True):
     return [2 x episodes], by a loop that stops when every episode has ended."""
     import gymnax
     env, env_params = gymnax.make(args.env_id)
-    train, vstep = make_train(args), jax.vmap(env.step, in_axes=(0, 0, 0, None))
+    train, vstep = make_train(args, Shard()), jax.vmap(env.step, in_axes=(0, 0, 0, None))
 
     def step(carry, key):
         obs, env_state, (greedy_memory, sampled_memory), ended = carry
@@ -1241,7 +1301,7 @@ def evaluator(args: Args):
     """The runs' final states ([runs, ...] leaves) -> {tag: [runs]}, each run's mean return over
     --eval-episodes fresh episodes, greedy and sampled (seed k's keys in every configuration);
     None without `act`."""
-    if not (args.eval_episodes and hasattr(make_train(args), "act")):
+    if not (args.eval_episodes and hasattr(make_train(args, Shard()), "act")):
         return None
 
     def mean_returns(runner, key):
@@ -1279,7 +1339,7 @@ def save_model(model_dir, args: Args, state):
 def load_model(args: Args, saved):
     """Each seed's state from a saved model: init's, with the leaves saved_model picks replaced."""
     hp = {k: jnp.full(args.num_seeds, getattr(args, k)[0], jnp.float32) for k in HPARAMS}
-    leaves, treedef = jax.tree.flatten(jax.vmap(make_train(args).init)(
+    leaves, treedef = jax.tree.flatten(jax.vmap(make_train(args, Shard()).init)(
         jax.random.split(jax.random.PRNGKey(args.seed), args.num_seeds), hp))
     where = saved_model(jax.tree.unflatten(treedef, range(len(leaves))))  # leaf indices
     mine = {k: saved.get(k) for k in where}

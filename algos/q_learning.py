@@ -259,27 +259,17 @@ def block_size(num_agents: int, bytes_per_agent: int) -> int:
     return size if 4 * size >= target else num_agents
 
 
-def make_train(args, axis=None):
+def make_train(args, shard):
     """train(key, hp) -> (final RunnerState, metrics [num_updates]): one run, HPARAMS hp traced;
     train.init(key, hp) -> RunnerState, train.update(hp, runner) -> (runner, metrics). One agent
     runs ~9x slower unless this module was imported before JAX's first operation (XLA_FLAGS).
-    axis: the mesh axis that the run's agents are split over when it spans devices: each device
-    steps its share, independently; only the metrics are the whole run's."""
+    shard: this device's part of a run over several (the runner's Shard): its share of the agents,
+    stepped independently; only the metrics are the whole run's."""
     env = make_env(args)
     model = env.model
     N = args.num_agents  # the run's (all devices')
     num_updates = args.total_timesteps // args.num_steps
 
-    def over_devices(collective):  # over the run's devices (axis); nothing to do on one
-        return (lambda x: x) if axis is None else partial(collective, axis_name=axis)
-
-    psum, pmean = over_devices(jax.lax.psum), over_devices(jax.lax.pmean)
-
-    def share(x):  # this device's part of a run-wide array (on one device: all of it)
-        if axis is None:
-            return x
-        size = len(x) // jax.lax.axis_size(axis)
-        return jax.lax.dynamic_slice_in_dim(x, jax.lax.axis_index(axis) * size, size)
     scored = jnp.asarray(model_reachable(model) & ~model.terminal)  # where greedy_optimal looks
     policy = jax.vmap(lambda q, s, eps, u: epsilon_greedy(q[s], eps, u), in_axes=(0, 0, None, 0))
     learn = jax.vmap(q_update, in_axes=(0, 0, 0, 0, 0, 0, None, None))
@@ -321,13 +311,13 @@ def make_train(args, axis=None):
         # A key per agent of the run, this device's share: its draws whatever the blocks' layout
         key, k_agents = jax.random.split(runner.key)
         blocks = jax.tree.map(lambda x: x.reshape(num_blocks, -1, *x.shape[1:]),
-                              (runner.agents, share(jax.random.split(k_agents, N))))
+                              (runner.agents, shard.keys(k_agents, N)))
         first_step = runner.updates_done * args.num_steps
         _, (blocks, totals) = jax.lax.scan(partial(run_block, hp), first_step, blocks)
         agents = jax.tree.map(lambda x: x.reshape(-1, *x.shape[2:]), blocks)
         runner = runner._replace(agents=agents, key=key, updates_done=runner.updates_done + 1)
         optimal = runner.q_star >= runner.q_star.max(-1, keepdims=True) - OPTIMAL_TOL  # [S, A]
-        count, return_sum, length_sum, td_sum = psum(tuple(x.sum() for x in totals))
+        count, return_sum, length_sum, td_sum = shard.psum(tuple(x.sum() for x in totals))
         visited_error = jnp.where(agents.visited, jnp.abs(agents.q - runner.q_star), 0.0)
         greedy = agents.q == agents.q.max(-1, keepdims=True)  # [N, S, A]
         correct = ~(greedy & ~optimal).any(-1) & scored  # [N, S]: every greedy action is optimal
@@ -338,15 +328,15 @@ def make_train(args, axis=None):
             "episode_return": jnp.where(count > 0, return_sum / count, jnp.nan),
             "episode_length": jnp.where(count > 0, length_sum / count, jnp.nan),
             "stats/td_error": td_sum / (args.num_steps * N),
-            "stats/q_error": pmean(visited_error.max(axis=(1, 2)).mean()),
-            "stats/greedy_optimal": pmean((correct.sum(-1) / scored.sum()).mean()),
+            "stats/q_error": shard.pmean(visited_error.max(axis=(1, 2)).mean()),
+            "stats/greedy_optimal": shard.pmean((correct.sum(-1) / scored.sum()).mean()),
             "charts/learning_rate": hp["learning_rate"] * annealed,
         }
         return runner, metrics
 
     def init(key, hp) -> RunnerState:
         k_env, k_run = jax.random.split(key)
-        obs, env_state = jax.tree.map(share, env.reset(k_env, N))
+        obs, env_state = jax.tree.map(shard.share, env.reset(k_env, N))
         n = len(obs)  # this device's
         agents = Agents(jnp.zeros((n, *model.R.shape)), jnp.zeros((n, *model.R.shape), bool),
                         env_state, obs, jnp.zeros(n), jnp.zeros(n, jnp.int32))
@@ -444,9 +434,9 @@ def draw(folder, args, state: RunnerState) -> list:
 #   SPLIT             the int flag whose count a run spanning devices shares out (its envs).
 #   SIZE_FLAGS        the flags that set a run's memory, named when it does not fit.
 #   resolve(args)     -> args, every None filled (presets, rules); ValueError names a bad flag.
-#   make_train(args, axis=None) -> train(key, hp) -> (state, metrics): one run, hp {HPARAMS flag:
-#                     traced float32}; with axis (a mesh axis over the devices of a run), each
-#                     device's program: its share of SPLIT, means over the whole run's.
+#   make_train(args, shard) -> train(key, hp) -> (state, metrics): one run, hp {HPARAMS flag:
+#                     traced float32}; shard (a Shard, below; Shard(): a run on one device) gives
+#                     each device's program its share of SPLIT, sums and means over the run's.
 #                     train.init(key, hp) -> state, a NamedTuple (its field `key`: the run's PRNG
 #                     key, which --pbt renews); train.update(hp, state) -> (state, metrics);
 #                     train.num_updates; for evaluation and GIFs, train.act(state, obs, memory,
@@ -482,6 +472,7 @@ import jax.extend
 import tyro
 from jax.experimental import multihost_utils
 from jax.experimental.compilation_cache import compilation_cache
+from jax.flatten_util import ravel_pytree
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 from tensorboard.compat.proto.event_pb2 import Event, SessionLog
@@ -709,11 +700,70 @@ def why_not_split(args: Args, span: int) -> Optional[str]:
         return f"a device's share of a run: {e}"
 
 
+class Shard:
+    """One device's part of a run (make_train's `shard`): its share of the run's SPLIT (envs),
+    the run's arrays that it holds rows of, and sums and means over the run's devices (the mesh
+    axis `axis`). A run alone on its device: Shard(), the whole run, no collective."""
+
+    def __init__(self, axis: Optional[str] = None):
+        self.axis = axis
+
+    def share(self, x):
+        """This device's rows of a run-wide array [SPLIT, ...] (ordered by env)."""
+        if self.axis is None:
+            return x
+        size = len(x) // jax.lax.axis_size(self.axis)
+        return jax.lax.dynamic_slice_in_dim(x, jax.lax.axis_index(self.axis) * size, size)
+
+    def keys(self, key, count: int):
+        """This device's share of count keys split from key (a key per env of the run: each env
+        draws the same whatever the layout)."""
+        return self.share(jax.random.split(key, count))
+
+    def psum(self, tree):
+        """The pytree's sum over the run's devices."""
+        return self.all_reduce(jax.lax.psum, tree)
+
+    def pmean(self, tree):
+        """The pytree's mean over the run's devices."""
+        return self.all_reduce(jax.lax.pmean, tree)
+
+    def all_reduce(self, collective, tree):
+        """One collective per dtype, its leaves as one flat array (XLA's CPU all-reduce meets its
+        peers once per array: a tree of gradients would meet once per leaf)."""
+        if self.axis is None:
+            return tree
+        if isinstance(tree, int):  # a count known when tracing: JAX folds it (times the devices)
+            return collective(tree, self.axis)
+        leaves, treedef = jax.tree.flatten(jax.tree.map(jnp.asarray, tree))
+        for dtype in dict.fromkeys(x.dtype for x in leaves):  # (the same order on every device)
+            mine = [i for i, x in enumerate(leaves) if x.dtype == dtype]
+            flat, unravel = ravel_pytree([leaves[i] for i in mine])
+            for i, x in zip(mine, unravel(collective(flat, self.axis))):
+                leaves[i] = x
+        return jax.tree.unflatten(treedef, leaves)
+
+    def minibatches(self, key, batch, count: int):
+        """batch [T, n, ...] (this device's n envs) -> [count, T n / count, ...], the same samples
+        on any layout: the run's envs in blocks of `group` (the fewest whose steps split into
+        count: one env if count divides T), each block's steps shuffled by a key of its own;
+        minibatch i is chunk i of every block (so it holds as many steps of each block)."""
+        steps, envs = jax.tree.leaves(batch)[0].shape[:2]
+        group = count // np.gcd(steps, count)
+        run_envs = envs if self.axis is None else envs * jax.lax.axis_size(self.axis)
+        keys = self.keys(key, run_envs // group)
+        order = jax.vmap(jax.random.permutation, in_axes=(0, None))(keys, group * steps)
+        env = jnp.arange(len(keys))[:, None] * group + order // steps
+        index = (order % steps) * (len(keys) * group) + env  # in the [T * n] batch
+        index = index.reshape(len(keys), count, -1).swapaxes(0, 1).reshape(count, -1)
+        return jax.tree.map(lambda x: x.reshape(-1, *x.shape[2:])[index], batch)
+
+
 def state_specs(args: Args, span: int, key, hp):
     """A PartitionSpec per state leaf: [runs, ...] over "runs" and, where a device holds only its
     share of the run's (a leaf smaller in a run of its share of SPLIT), that axis over "batch"."""
     share = dataclasses.replace(args, **{SPLIT: getattr(args, SPLIT) // span})
-    whole, part = (jax.eval_shape(make_train(run).init, key, hp) for run in (args, share))
+    whole, part = (jax.eval_shape(make_train(run, Shard()).init, key, hp) for run in (args, share))
 
     def spec(whole, part):
         split = [i for i, (a, b) in enumerate(zip(whole.shape, part.shape)) if a != b]
@@ -798,7 +848,7 @@ def segments(args: Args, num_devices: Optional[int] = None, start=None):
     span, on_runs = mesh.shape["batch"], partial(on_mesh, mesh, specs=P("runs"))
     keys = jnp.tile(jax.random.split(jax.random.PRNGKey(args.seed), seeds), (len(configs), 1))
     hp_runs = {k: np.repeat(np.float32([c[k] for c in configs]), seeds) for k in HPARAMS}
-    train = make_train(args, "batch" if span > 1 else None)
+    train = make_train(args, Shard("batch" if span > 1 else None))
     specs = state_specs(args, span, keys[0], {k: v[0] for k, v in hp_runs.items()})
     t0, seen = time.perf_counter(), len(EVENTS)  # a cache hit from here on is training's
     run_init, run_segment, length = compile_sweep(args, mesh, specs, train, keys, hp_runs,
@@ -810,10 +860,10 @@ def segments(args: Args, num_devices: Optional[int] = None, start=None):
     if start is None:
         state, metrics = run_init(on_runs(keys), on_runs(hp_runs)), None
     else:  # a checkpoint's leaves are [runs, ...] as one device holds them, whatever the layout
-        saved_state, metrics = start
+        (saved_state, metrics), one = start, make_train(args, Shard())  # (the whole run's shapes)
         try:
             state = flax.serialization.from_state_dict(
-                jax.eval_shape(jax.vmap(make_train(args).init), keys, hp_runs), saved_state)
+                jax.eval_shape(jax.vmap(one.init), keys, hp_runs), saved_state)
         except (ValueError, KeyError) as e:
             raise ArgError(f"--resume: the checkpoint's state does not fit this file's ({e})")
         if args.pbt:  # those of the last segment; the population steps on as it would have
@@ -1168,7 +1218,7 @@ def play(args: Args, runner, key, episodes: int, record: bool = True):
     return [2 x episodes], by a loop that stops when every episode has ended."""
     import gymnax
     env, env_params = gymnax.make(args.env_id)
-    train, vstep = make_train(args), jax.vmap(env.step, in_axes=(0, 0, 0, None))
+    train, vstep = make_train(args, Shard()), jax.vmap(env.step, in_axes=(0, 0, 0, None))
 
     def step(carry, key):
         obs, env_state, (greedy_memory, sampled_memory), ended = carry
@@ -1202,7 +1252,7 @@ def evaluator(args: Args):
     """The runs' final states ([runs, ...] leaves) -> {tag: [runs]}, each run's mean return over
     --eval-episodes fresh episodes, greedy and sampled (seed k's keys in every configuration);
     None without `act`."""
-    if not (args.eval_episodes and hasattr(make_train(args), "act")):
+    if not (args.eval_episodes and hasattr(make_train(args, Shard()), "act")):
         return None
 
     def mean_returns(runner, key):
@@ -1240,7 +1290,7 @@ def save_model(model_dir, args: Args, state):
 def load_model(args: Args, saved):
     """Each seed's state from a saved model: init's, with the leaves saved_model picks replaced."""
     hp = {k: jnp.full(args.num_seeds, getattr(args, k)[0], jnp.float32) for k in HPARAMS}
-    leaves, treedef = jax.tree.flatten(jax.vmap(make_train(args).init)(
+    leaves, treedef = jax.tree.flatten(jax.vmap(make_train(args, Shard()).init)(
         jax.random.split(jax.random.PRNGKey(args.seed), args.num_seeds), hp))
     where = saved_model(jax.tree.unflatten(treedef, range(len(leaves))))  # leaf indices
     mine = {k: saved.get(k) for k in where}

@@ -92,6 +92,11 @@ def assert_usage_error(script, flags, flag, tmp_path):
     assert not (tmp_path / "runs").exists()
 
 
+def make_train(module, args, shard=None):
+    """module.make_train on what the runner gives it: a run alone on one device, unless shard."""
+    return module.make_train(args, shard or module.Shard())
+
+
 def read_scalars(run_dir, tag):
     """[(step, value), ...] of one scalar tag in the event files under `run_dir`."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator

@@ -11,7 +11,7 @@ import pytest
 
 import ppo
 import q_learning as ql
-from conftest import assert_usage_error, read_scalars
+from conftest import assert_usage_error, make_train, read_scalars
 
 TINY = dict(num_envs=8, num_steps=64, num_minibatches=4, total_timesteps=8 * 64 * 6,
             num_segments=3, hidden_size=16)
@@ -46,7 +46,7 @@ def test_a_uniform_policy_scores_what_a_numpy_rollout_of_it_scores():
     left, which ends every episode within a few tens of steps."""
     args = ppo.validate(ppo.Args(num_seeds=1, eval_episodes=2000, **TINY))
     hp = {k: np.float32([v]) for k, v in ppo.grid(args)[0].items()}
-    state = jax.vmap(ppo.make_train(args).init)(jax.random.PRNGKey(0)[None], hp)
+    state = jax.vmap(make_train(ppo, args).init)(jax.random.PRNGKey(0)[None], hp)
     last = state.params["params"]["actor"]["layers_4"]
     last.update(jax.tree.map(np.zeros_like, last))
     evals = ppo.evaluator(args)(state)
@@ -114,7 +114,7 @@ def test_a_model_that_does_not_fit_is_refused(tmp_path):
     """A model whose network is not the one its flags build (edited after saving) is refused."""
     args = ppo.validate(ppo.Args(num_seeds=1, **TINY))
     hp = {k: np.float32([v]) for k, v in ppo.grid(args)[0].items()}
-    state = jax.vmap(ppo.make_train(args).init)(jax.random.PRNGKey(0)[None], hp)
+    state = jax.vmap(make_train(ppo, args).init)(jax.random.PRNGKey(0)[None], hp)
     path = ppo.save_model(str(tmp_path), args, state)
     saved = flax.serialization.msgpack_restore(open(path, "rb").read())
     saved["params"]["params"]["actor"]["layers_0"]["kernel"] = np.zeros((1, 4, 17), np.float32)

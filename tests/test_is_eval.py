@@ -14,7 +14,7 @@ import pytest
 import scipy.stats
 
 import is_eval
-from conftest import assert_usage_error, read_scalars, run_script
+from conftest import assert_usage_error, make_train, read_scalars, run_script
 
 WEIGHTED = ("wis", "wpdis", "wdr")
 BETTING_LINE = (r"^betting \(valid for every n\): V\^pi >= (\S+) with probability >= 0.95; V\^pi "
@@ -983,7 +983,7 @@ def save_ppo_model(folder, env_id, **flags):
     args = ppo.validate(ppo.Args(env_id=env_id, num_seeds=2, hidden_size=16, normalize_obs=True,
                                  **flags))
     hp = {k: jnp.float32(v) for k, v in ppo.grid(args)[0].items()}
-    shapes = jax.eval_shape(ppo.make_train(args).init, jax.random.PRNGKey(0), hp)
+    shapes = jax.eval_shape(make_train(ppo, args).init, jax.random.PRNGKey(0), hp)
     rng = np.random.default_rng(9)
     params = jax.tree.map(lambda x: rng.normal(0.0, 0.3, (2, *x.shape)).astype(np.float32),
                           shapes.params)

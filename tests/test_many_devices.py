@@ -93,7 +93,7 @@ def test_parameters_stay_bitwise_the_same_on_every_device(name):
     bit the same (the runner keeps one copy of what is the same on every device: it must be)."""
     module, flags = MODULES[name]
     args = module.validate(module.Args(**{**ONE_UPDATE, "num_minibatches": 4}, **flags))
-    train = module.make_train(args, "batch")
+    train = module.make_train(args, module.Shard("batch"))
     hp = {k: np.float32([getattr(args, k)[0]]) for k in module.HPARAMS}
     mesh = Mesh(np.array(jax.devices()[:2]).reshape(1, 2), ("runs", "batch"))
     shared = [f for f in ("obs_stats", "return_stats", "params", "opt_state", "key")

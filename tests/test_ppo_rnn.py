@@ -16,6 +16,7 @@ from conftest import (
     assert_learns,
     assert_truncation_bootstraps_from_final_observation,
     assert_usage_error,
+    make_train,
     record_gae_inputs_with_short_episodes,
 )
 
@@ -165,7 +166,7 @@ def rerun_records():
         monkeypatch.setattr(ppo_rnn, "loss_fn", spy)
         monkeypatch.setattr(ppo_rnn, "normalize", recording_normalize)
         args = ppo_rnn.validate(ppo_rnn.Args(**RERUN, track=False))
-        train = ppo_rnn.make_train(args)
+        train = make_train(ppo_rnn, args)
         hp = {k: jnp.float32(getattr(args, k)[0]) for k in ppo_rnn.HPARAMS}
         jax.block_until_ready(jax.jit(train)(jax.random.PRNGKey(0), hp))
     T = RERUN["num_steps"]
@@ -300,7 +301,7 @@ def test_mask_velocity_keeps_the_positions():
     args = ppo_rnn.validate(ppo_rnn.Args(env_id="CartPole-v1", mask_velocity=True, num_envs=3,
                                          track=False))
     hp = {k: jnp.float32(getattr(args, k)[0]) for k in ppo_rnn.HPARAMS}
-    state = ppo_rnn.make_train(args).init(jax.random.PRNGKey(0), hp)
+    state = make_train(ppo_rnn, args).init(jax.random.PRNGKey(0), hp)
     env, env_params = ppo_rnn.gymnax.make("CartPole-v1")
     obs, _ = jax.vmap(env.reset, in_axes=(0, None))(
         jax.random.split(jax.random.split(jax.random.PRNGKey(0), 3)[1], 3), env_params)
@@ -328,7 +329,7 @@ def test_cnn_torso_and_continuous_actions_trace(flags):
     the memory (both run end to end in benchmarks/bench_rnn.py and the module's examples)."""
     args = ppo_rnn.validate(ppo_rnn.Args(num_envs=4, num_steps=8, num_minibatches=2,
                                          hidden_size=8, total_timesteps=64, track=False, **flags))
-    train = ppo_rnn.make_train(args)
+    train = make_train(ppo_rnn, args)
     hp = {k: jnp.float32(getattr(args, k)[0]) for k in ppo_rnn.HPARAMS}
     state, metrics = jax.eval_shape(train, jax.random.PRNGKey(0), hp)
     assert metrics["loss/policy"].shape == (train.num_updates,) == (2,)

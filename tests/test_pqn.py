@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 import pqn
+from conftest import make_train
 
 
 def test_learns_cartpole_as_typed():
@@ -87,7 +88,7 @@ def test_epsilon_schedule():
     args = pqn.validate(pqn.Args(num_envs=4, num_steps=8, num_minibatches=2, update_epochs=1,
                                  hidden_size=8, total_timesteps=32 * 10,
                                  exploration_fraction=0.5, start_e=(0.9,), end_e=(0.3,)))
-    train = pqn.make_train(args)
+    train = make_train(pqn, args)
     hp = {k: jnp.float32(getattr(args, k)[0]) for k in pqn.HPARAMS}
     runner, metrics = jax.jit(train)(jax.random.PRNGKey(0), hp)
     before = np.arange(train.num_updates) * 32  # env steps done before each update's rollout

@@ -13,7 +13,7 @@ from PIL import Image
 
 import ppo
 import vpg
-from conftest import assert_learns, assert_usage_error
+from conftest import assert_learns, assert_usage_error, make_train
 
 # (module, env id) -> the values validate resolves, with no flag given. Rules that follow
 # --num-envs: num_steps = clip(2048 // num_envs, 16, 128); minibatches of ~512 samples; budget
@@ -154,7 +154,7 @@ def test_capture_gif_draws_classic_control(tmp_path):
     policy (short: gymnax draws each frame with matplotlib, ~0.4 s a frame here)."""
     args = ppo.validate(ppo.Args(env_id="CartPole-v1", hidden_size=16, num_seeds=1))
     hp = {k: jnp.float32(v) for k, v in ppo.grid(args)[0].items()}
-    state = jax.tree.map(lambda x: x[None], ppo.make_train(args).init(jax.random.PRNGKey(0), hp))
+    state = jax.tree.map(lambda x: x[None], make_train(ppo, args).init(jax.random.PRNGKey(0), hp))
     gif = ppo.capture_gif(str(tmp_path / "episode.gif"), args, state)
     with Image.open(gif) as image:
         assert image.n_frames >= 5 and image.size[0] >= 100

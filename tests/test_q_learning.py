@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import q_learning as ql
-from conftest import assert_usage_error, read_scalars, run_script
+from conftest import assert_usage_error, make_train, read_scalars, run_script
 
 
 def numpy_q_star(model, gamma):
@@ -280,7 +280,7 @@ def test_greedy_optimal_of_hand_made_tables():
     assert per_agent[2] < 0.2, per_agent  # (a state where every action is optimal stays right)
     expected = per_agent.mean()
 
-    train = ql.make_train(args)
+    train = make_train(ql, args)
     hp = {k: jnp.float32(getattr(args, k)[0]) for k in ql.HPARAMS} | {"learning_rate": 0.0}
     runner = train.init(jax.random.PRNGKey(0), hp)
     runner = runner._replace(agents=runner.agents._replace(q=jnp.float32(tables)))
@@ -329,7 +329,7 @@ def test_memory_does_not_grow_with_steps():
     def temp_bytes(total):
         args = ql.Args(**dict(TINY, total_timesteps=total))
         hp = {k: jnp.float32(getattr(args, k)[0]) for k in ql.HPARAMS}
-        lowered = jax.jit(ql.make_train(args)).lower(jax.random.PRNGKey(0), hp)
+        lowered = jax.jit(make_train(ql, args)).lower(jax.random.PRNGKey(0), hp)
         return lowered.compile(ql.COMPILER_OPTIONS).memory_analysis().temp_size_in_bytes
 
     assert temp_bytes(100_000) <= temp_bytes(3_000) + 1024

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import sac
-from conftest import assert_learns, assert_usage_error
+from conftest import assert_learns, assert_usage_error, make_train
 
 # One table, judged as the other files' (conftest.learning_verdict: the seeds' median final return,
 # k of them at a floor, the rise from the first 10% of updates to the last). Pendulum-v1 at 14k
@@ -77,7 +77,7 @@ def test_buffer_wraps_around_and_holds_every_env():
     does not reset in 5 steps), in every env, and the envs differ. With --no-autotune the
     temperature stays at --alpha through the gradient steps."""
     args = sac.validate(sac.Args(autotune=False, alpha=(0.2,), **TINY))
-    train = sac.make_train(args)
+    train = make_train(sac, args)
     hp = hp_of(args)
     runner = train.init(jax.random.PRNGKey(0), hp)
     first_obs = np.asarray(runner.obs)
@@ -137,7 +137,7 @@ def test_one_run_over_two_devices_is_the_same_experiment():
         np.testing.assert_allclose(one[key], two[key], rtol=1e-4, atol=1e-5, err_msg=key)
     assert np.isfinite(one["loss/critic"][0, -1]) and np.isnan(one["loss/critic"][0, 0])
     assert one["stats/alpha"][0, -1] != 1.0  # learnt, from alpha's start at 1
-    train = sac.make_train(args)
+    train = make_train(sac, args)
     runner = jax.tree.map(lambda x: x[0], state2)
     obs = jax.random.normal(jax.random.PRNGKey(0), (50, 3)) * 5
     for key in (None, jax.random.PRNGKey(1)):

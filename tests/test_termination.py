@@ -15,6 +15,7 @@ import pytest
 
 import ppo
 import vpg
+from conftest import make_train
 
 EPISODE_STEPS = 20  # CartPole-v1's time limit here: the first policies' episodes end both ways
 RUN = dict(env_id="CartPole-v1", num_envs=8, num_steps=32, num_minibatches=2, update_epochs=2,
@@ -96,7 +97,7 @@ def test_terminated_steps_do_not_bootstrap(module, monkeypatch):
     assert not args.normalize_obs  # the final observations below are the env's own
     hp = {k: jnp.float32(v) for k, v in module.grid(args)[0].items()}
     key = jax.random.PRNGKey(0)
-    train = jax.jit(module.make_train(args)).lower(key, hp).compile(module.COMPILER_OPTIONS)
+    train = jax.jit(make_train(module, args)).lower(key, hp).compile(module.COMPILER_OPTIONS)
     jax.block_until_ready(train(key, hp))  # compiled as the runner does (the file's options)
     assert len(records["gae"]) == 2 and len(records["loss"]) > 0, records.keys()
 

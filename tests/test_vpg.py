@@ -17,6 +17,7 @@ from conftest import (
     assert_learns,
     assert_truncation_bootstraps_from_final_observation,
     assert_usage_error,
+    make_train,
     read_scalars,
     record_gae_inputs_with_short_episodes,
     run_script,
@@ -154,7 +155,7 @@ def tiny_train():
     with pytest.MonkeyPatch.context() as monkeypatch:
         calls = record_gae_inputs_with_short_episodes(vpg, monkeypatch)
         args = vpg.validate(vpg.Args(**TINY_TRAIN))
-        train = vpg.make_train(args)
+        train = make_train(vpg, args)
 
         @jax.jit
         def train_then_step(key, hp):
@@ -266,7 +267,7 @@ def test_a_network_without_a_critic_is_refused():
     (or with nothing beside it) is refused when the optimisers meet it, not trained wrongly."""
     args = vpg.validate(vpg.Args(hidden_size=8, track=False))
     hp = {k: np.float32(v) for k, v in vpg.grid(args)[0].items()}
-    txs = vpg.make_tx(args, hp, vpg.make_train(args).num_updates)
+    txs = vpg.make_tx(args, hp, make_train(vpg, args).num_updates)
     for params in [{"params": {"actor": {"w": jnp.zeros(2)}}},
                    {"params": {"critic": {"w": jnp.zeros(2)}}}]:
         for tx in txs:
