@@ -21,7 +21,6 @@ from typing import Literal, NamedTuple, Optional
 
 import distrax
 import flax.linen as nn
-import gymnax
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -33,7 +32,7 @@ from gymnax.environments import spaces
 @dataclasses.dataclass
 class Hyperparams:
     env_id: str = "CartPole-v1"
-    """gymnax environment id (discrete or continuous action space)"""
+    """gymnax environment id, or brax/<name> (discrete or continuous action space)"""
     total_timesteps: Optional[int] = None
     """environment steps per run (rule: max(300k, 1.5 x episode limit x num_envs))"""
     num_envs: Optional[int] = None
@@ -276,11 +275,10 @@ def episode_metrics(finished, psum):
             "episode_length": jnp.where(count > 0, length_sum / count, jnp.nan)}
 
 
-def make_train(args, shard):
+def make_train(args, env, env_params, shard):
     """train(key, hp) -> (final RunnerState, metrics [num_updates]): one run as one program, its
     HPARAMS hp traced; train.init, train.update, train.act: the runner's contract at the fence.
     shard: this device's part of a run over several (the runner's Shard), its envs and means."""
-    env, env_params = gymnax.make(args.env_id)
     obs_shape, as_inputs, action_space, to_env = env_interface(args, env, env_params)
     continuous = isinstance(action_space, spaces.Box)
     action_dim = action_space.shape[0] if continuous else action_space.n
@@ -369,9 +367,9 @@ def make_train(args, shard):
         return RunnerState(
             params=params, opt_state=make_tx(args, hp, num_updates).init(params),
             env_state=env_state, obs=as_inputs(obs), obs_stats=stats(obs_shape),
-            return_stats=stats((1,)),
-            discounted_return=jnp.zeros(envs), episode_return=jnp.zeros(envs),
-            episode_length=jnp.zeros(envs, jnp.int32), key=k_run, updates_done=jnp.int32(0))
+            return_stats=stats((1,)), discounted_return=jnp.zeros(envs),
+            episode_return=jnp.zeros(envs), episode_length=jnp.zeros(envs, jnp.int32),
+            key=k_run, updates_done=jnp.int32(0))
 
     def act(runner: RunnerState, obs, memory, key=None):
         """Actions for raw observations [N, ...], normalisation frozen: sampled, or greedy."""
@@ -417,12 +415,8 @@ PRESETS = {"discrete": DISCRETE, "box": CONTINUOUS, "CartPole-v1": DISCRETE,
            **dict.fromkeys(("Asterix-MinAtar", "Freeway-MinAtar", "Seaquest-MinAtar"), MINATAR_CNN)}
 
 
-def resolve(args):
+def resolve(args, env, env_params):
     """Unset (None) flags from the preset of --env-id, then the rules; ValueError on a bad flag."""
-    try:  # an unknown id, or an env that cannot be built here (MNISTBandit-bsuite downloads data)
-        env, env_params = gymnax.make(args.env_id)
-    except Exception as e:
-        raise ValueError(f"--env-id {args.env_id!r} cannot be built: {e!r}".splitlines()[0])
     if not isinstance(space := env.action_space(env_params), (spaces.Discrete, spaces.Box)):
         raise ValueError(f"--env-id {args.env_id!r} has an action space PPO here does not handle")
     preset = PRESETS.get(args.env_id, PRESETS[type(space).__name__.lower()])
@@ -454,6 +448,7 @@ def resolve(args):
 # over several devices splits, XLA's options (LLVM -O1 compiles in 6.4 s, not 7.1, as fast a
 # program), the ranking metric, the shown ones, the saved model, no switches of its own.
 SPLIT = "num_envs"
+ENVS = "gymnax"  # --env-id: gymnax's, or a Brax task (brax/<name>), built by the runner
 COMPILER_OPTIONS = {"xla_backend_optimization_level": 1}
 SCORE, SHOWN = "episode_return", {}  # SHOWN: metric -> format
 saved_model = lambda state: {"params": state.params, "obs_mean": state.obs_stats.mean,
@@ -471,10 +466,12 @@ ExtraFlags, draw = dataclasses.make_dataclass("ExtraFlags", []), lambda folder, 
 #   COUNTS            {flag: least value} of the int flags that may be below 1 (others: >= 1).
 #   SPLIT             the int flag whose count a run spanning devices shares out (its envs).
 #   SIZE_FLAGS        the flags that set a run's memory, named when it does not fit.
-#   resolve(args)     -> args, every None filled (presets, rules); ValueError names a bad flag.
-#   make_train(args, shard) -> train(key, hp) -> (state, metrics): one run, hp {HPARAMS flag:
-#                     traced float32}; shard (a Shard, below; Shard(): a run on one device) gives
-#                     each device's program its share of SPLIT, sums and means over the run's.
+#   ENVS              "gymnax": --env-id is gymnax's or brax/<name>, which make_env (below)
+#                     builds for resolve and make_train; "own": the file builds its own (None).
+#   resolve(args, env, env_params) -> args, every None filled (presets, rules); ValueError names a
+#                     bad flag.
+#   make_train(args, env, env_params, shard) -> train(key, hp) -> (state, metrics): one run, hp
+#                     {HPARAMS flag: traced float32}; shard: a Shard (below; Shard(): one device).
 #                     train.init(key, hp) -> state, a NamedTuple (its field `key`: the run's PRNG
 #                     key, which --pbt renews); train.update(hp, state) -> (state, metrics);
 #                     train.num_updates; for evaluation and GIFs, train.act(state, obs, memory,
@@ -490,6 +487,7 @@ ExtraFlags, draw = dataclasses.make_dataclass("ExtraFlags", []), lambda folder, 
 #                     of its own pictures of one trained configuration.
 #   and the algorithm's imports of partial, jnp and np (which the runner uses too).
 import dataclasses
+import functools
 import hashlib
 import itertools
 import json
@@ -501,10 +499,10 @@ import sys
 import tempfile
 import threading
 import time
-import typing
-from typing import Optional
+from typing import Annotated, Literal, Optional
 
 import flax.serialization
+import flax.struct
 import jax
 import jax.extend
 import tyro
@@ -557,9 +555,11 @@ class Args(Hyperparams, ExtraFlags):
     """--distributed: how many processes take part; unset: detected"""
     process_id: Optional[int] = None
     """--distributed: this process's index, 0 to num_processes - 1; unset: detected"""
-    devices_per_run: typing.Annotated[Optional[int], tyro.conf.arg(help=(
+    devices_per_run: Annotated[Optional[int], tyro.conf.arg(help=(
         f"devices one run spans (its --{SPLIT.replace('_', '-')} shared out, means over all); "
         "unset: runs fill the devices, several a run if fewer; --resume keeps a run's"))] = None
+    brax_backend: Optional[Literal["positional", "spring", "generalized", "mjx"]] = None
+    """--env-id brax/<name>: Brax's physics pipeline (unset: positional, as PureJaxRL's)"""
     pbt: bool = False
     """population-based training: the sweep's runs copy better ones and perturb the swept floats
     (x0.8 or x1.25; a discount's 1 - x; a 0 stays 0)"""
@@ -581,13 +581,10 @@ def grid(args: Args) -> list:
     return [dict(zip(HPARAMS, v)) for v in itertools.product(*(getattr(args, k) for k in HPARAMS))]
 
 
-RUNNER_COUNTS = dict(eval_episodes=0, process_id=0)  # the runner's ints that may be below 1
-
-
 def validate(args: Args) -> Args:
-    """Check every flag (an int: >= 1 or its least value in COUNTS and RUNNER_COUNTS; --seed any)
+    """Check every flag (an int: >= 1 or its least value in COUNTS, the runner's below; --seed any)
     and resolve the unset ones (the file's `resolve`), before any compile."""
-    least = {**COUNTS, **RUNNER_COUNTS, "seed": -np.inf}
+    least = {**COUNTS, "eval_episodes": 0, "process_id": 0, "seed": -np.inf}
     for name, value in vars(args).items():
         if type(value) is int and value < least.get(name, 1):
             raise ArgError(f"{flag(name)} must be >= {least.get(name, 1)} (got {value})")
@@ -595,8 +592,10 @@ def validate(args: Args) -> Args:
         for x in getattr(args, name) or ():
             if not holds(x):
                 raise ArgError(f"{flag(name)} must be {rule} (got {x})")
+    if args.brax_backend and not args.env_id.startswith("brax/"):
+        raise ArgError(f"--brax-backend is for Brax's envs (brax/<name>), not {args.env_id}")
     try:
-        args = resolve(args)
+        args = resolve(args, *make_env(args))
     except ValueError as e:
         raise ArgError(str(e)) from None
     if not 0 < args.pbt_fraction <= 0.5:
@@ -606,10 +605,11 @@ def validate(args: Args) -> Args:
     if args.capture_gif:  # gymnax's drawing of the env (classic control's pygame: headless)
         for device in ("SDL_VIDEODRIVER", "SDL_AUDIODRIVER"):
             os.environ.setdefault(device, "dummy")
-        import gymnax
         from gymnax.visualize import Visualizer
+        if args.env_id.startswith("brax/"):
+            raise ArgError(f"--capture-gif cannot draw {args.env_id} here: {BRAX_DRAWING}")
         try:
-            env, env_params = gymnax.make(args.env_id)
+            env, env_params = make_env(args)
             gif = Visualizer(env, env_params, [env.reset(jax.random.PRNGKey(0), env_params)[1]])
             gif.init()
             if not hasattr(gif, "im"):
@@ -638,7 +638,7 @@ def parse(argv) -> Args:
         where = f"; per env: PRESETS in {file}" if field.name in algorithm_flags else ""
         hint = f"(default: {value} on {shown.env_id}{where})" if value is not None else None
         config = tyro.conf.arg(help_behavior_hint=hint or "(default: unset)")
-        hinted.append((field.name, typing.Annotated[field.type, config],
+        hinted.append((field.name, Annotated[field.type, config],
                        dataclasses.field(default=None)))
     typed = tyro.cli(dataclasses.make_dataclass("Args", hinted, bases=(Args,)), args=argv,
                      description=f"{__doc__.split(chr(10) * 2)[0]}\n\nThe algorithm's flags "
@@ -694,14 +694,83 @@ def start_processes(args: Args):
         raise ArgError(f"--distributed: {e}") from None
 
 
+# ---------------------------------------- envs: gymnax's, or a Brax task behind gymnax's interface
+def make_env(args: Args) -> tuple:
+    """(env, env_params) of --env-id for resolve, make_train and evaluation, built once; (None,
+    None) where the file builds its own (ENVS)."""
+    return build_env(args.env_id, args.brax_backend) if ENVS == "gymnax" else (None, None)
+
+
+@functools.cache
+def build_env(env_id: str, backend: Optional[str]) -> tuple:
+    """gymnax's env_id, or brax/<name> behind gymnax's interface; ArgError if it cannot be built
+    here (an unknown id, or one that needs what is not here: MNISTBandit-bsuite downloads data)."""
+    if env_id.startswith("brax/"):
+        return brax_env(env_id[len("brax/"):], backend or "positional")
+    import gymnax
+    try:
+        return gymnax.make(env_id)
+    except Exception as e:
+        raise ArgError(f"--env-id {env_id!r} cannot be built: {e!r}".splitlines()[0]) from None
+
+
+def build_train(args: Args, shard=None):
+    """make_train on --env-id's env: a run alone on its device, unless shard."""
+    return make_train(args, *make_env(args), shard or Shard())
+
+
+BRAX_DRAWING = "Brax draws through MuJoCo's OpenGL renderer, which needs EGL or OSMesa"
+
+
+def brax_env(name: str, backend: str) -> tuple:
+    """(env, env_params): Brax's task `name` as a gymnax env, whose step does the rest: at the
+    task's end (terminated: a hopper that falls) or at max_steps_in_episode (truncated, not
+    terminated) a fresh start from the step's key, info["final_observation"] the observation
+    before it. brax is imported here alone (0.7 s): a gymnax run never does."""
+    from brax import envs
+    from gymnax.environments import environment, spaces
+    if name not in envs._envs:
+        raise ArgError(f"--env-id brax/{name}: Brax has no such env; it has "
+                       f"{', '.join(sorted(envs._envs))}")
+    task = envs.get_environment(name, backend=backend)
+    obs_size = jax.eval_shape(task.reset, jax.random.PRNGKey(0)).obs.shape[-1]
+
+    @flax.struct.dataclass
+    class State(environment.EnvState):  # time: steps since the episode's start
+        brax: object  # Brax's State: pipeline_state, obs, reward, done (the task's end), ...
+
+    @flax.struct.dataclass
+    class Params(environment.EnvParams):
+        max_steps_in_episode: int = 1000  # Brax's episode length (action repeat 1)
+
+    class BraxEnv(environment.Environment):
+        def reset_env(self, key, params):
+            state = task.reset(key)
+            return state.obs, State(time=jnp.int32(0), brax=state)
+
+        def step_env(self, key, state, action, params):  # (Brax's dynamics take no key)
+            new = task.step(state.brax, action)
+            return new.obs, State(time=state.time + 1, brax=new), new.reward, new.done > 0, {}
+
+        def is_truncated(self, state, params):  # the limit, unless the task ended there too
+            return (state.time >= params.max_steps_in_episode) & (state.brax.done == 0)
+
+        def action_space(self, params=None):  # every Brax task's actions are in [-1, 1]
+            return spaces.Box(-1.0, 1.0, (task.action_size,), jnp.float32)
+
+        def observation_space(self, params=None):
+            return spaces.Box(-jnp.inf, jnp.inf, (obs_size,), jnp.float32)
+
+    return BraxEnv(), Params()
+
+
 # ----------------------- the sweep: segments of one program over the devices, PBT between them
-# A mesh: "runs" splits the sweep's runs into groups of devices, "batch" a run's SPLIT over its
-# group, which averages its gradients and statistics (make_train's axis); leaves [runs, ...].
 def layout(args: Args, limit: Optional[int] = None) -> Mesh:
-    """The mesh of the devices: the runs over groups ("runs") of `span` devices ("batch"), every
-    process lending its first ones, as many (<= limit): the most devices, then the most groups (the
-    fewest collectives). A span must split a run's SPLIT into valid runs; --devices-per-run sets
-    it. A run's devices are consecutive: on one process, or on several. ArgError if none fits."""
+    """The mesh: the runs over groups ("runs") of `span` devices ("batch": a run's SPLIT shared
+    out, its gradients and statistics averaged), every process lending its first ones, as many
+    (<= limit): the most devices, then the most groups (the fewest collectives). A span must split
+    a run's SPLIT into valid runs; --devices-per-run sets it. A run's devices are consecutive: on
+    one process, or on several. ArgError if none fits."""
     runs, processes = len(grid(args)) * args.num_seeds, jax.process_count()
     local = min(limit or jax.local_device_count(), jax.local_device_count())
     if (args.devices_per_run or 0) > processes * local:
@@ -733,7 +802,7 @@ def why_not_split(args: Args, span: int) -> Optional[str]:
     if count % span:
         return f"{flag(SPLIT)} {count} does not split into {span} equal shares"
     try:
-        resolve(dataclasses.replace(args, **{SPLIT: count // span}))
+        resolve(dataclasses.replace(args, **{SPLIT: count // span}), *make_env(args))
     except ValueError as e:
         return f"a device's share of a run: {e}"
 
@@ -754,17 +823,8 @@ class Shard:
         return jax.lax.dynamic_slice_in_dim(x, jax.lax.axis_index(self.axis) * size, size)
 
     def keys(self, key, count: int):
-        """This device's share of count keys split from key (a key per env of the run: each env
-        draws the same whatever the layout)."""
+        """This device's share of `count` keys split from key: each env's the same on any layout."""
         return self.share(jax.random.split(key, count))
-
-    def psum(self, tree):
-        """The pytree's sum over the run's devices."""
-        return self.all_reduce(jax.lax.psum, tree)
-
-    def pmean(self, tree):
-        """The pytree's mean over the run's devices."""
-        return self.all_reduce(jax.lax.pmean, tree)
 
     def all_reduce(self, collective, tree):
         """One collective per dtype, its leaves as one flat array (XLA's CPU all-reduce meets its
@@ -780,6 +840,9 @@ class Shard:
             for i, x in zip(mine, unravel(collective(flat, self.axis))):
                 leaves[i] = x
         return jax.tree.unflatten(treedef, leaves)
+
+    psum = functools.partialmethod(all_reduce, jax.lax.psum)  # a pytree's sum over the devices
+    pmean = functools.partialmethod(all_reduce, jax.lax.pmean)  # and its mean
 
     def minibatches(self, key, batch, count: int):
         """batch [T, n, ...] (this device's n envs) -> [count, T n / count, ...], the same samples
@@ -801,7 +864,7 @@ def state_specs(args: Args, span: int, key, hp):
     """A PartitionSpec per state leaf: [runs, ...] over "runs" and, where a device holds only its
     share of the run's (a leaf smaller in a run of its share of SPLIT), that axis over "batch"."""
     share = dataclasses.replace(args, **{SPLIT: getattr(args, SPLIT) // span})
-    whole, part = (jax.eval_shape(make_train(run, Shard()).init, key, hp) for run in (args, share))
+    whole, part = (jax.eval_shape(build_train(run).init, key, hp) for run in (args, share))
 
     def spec(whole, part):
         split = [i for i, (a, b) in enumerate(zip(whole.shape, part.shape)) if a != b]
@@ -837,8 +900,7 @@ def compile_sweep(args: Args, mesh, specs, train, keys, hp, resuming: bool):
         update = partial(train.update, hp)
 
         def skip(state):  # the state as it is, and metrics of zeros
-            shapes = jax.eval_shape(update, state)[1]
-            return state, jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), shapes)
+            return state, jax.tree.map(jnp.zeros_like, jax.eval_shape(update, state)[1])
 
         def step(state, i):
             state, metrics = jax.lax.cond(i < valid, update, skip, state)
@@ -886,7 +948,7 @@ def segments(args: Args, num_devices: Optional[int] = None, start=None):
     span, on_runs = mesh.shape["batch"], partial(on_mesh, mesh, specs=P("runs"))
     keys = jnp.tile(jax.random.split(jax.random.PRNGKey(args.seed), seeds), (len(configs), 1))
     hp_runs = {k: np.repeat(np.float32([c[k] for c in configs]), seeds) for k in HPARAMS}
-    train = make_train(args, Shard("batch" if span > 1 else None))
+    train = build_train(args, Shard("batch" if span > 1 else None))
     specs = state_specs(args, span, keys[0], {k: v[0] for k, v in hp_runs.items()})
     t0, seen = time.perf_counter(), len(EVENTS)  # a cache hit from here on is training's
     run_init, run_segment, length = compile_sweep(args, mesh, specs, train, keys, hp_runs,
@@ -898,7 +960,7 @@ def segments(args: Args, num_devices: Optional[int] = None, start=None):
     if start is None:
         state, metrics = run_init(on_runs(keys), on_runs(hp_runs)), None
     else:  # a checkpoint's leaves are [runs, ...] as one device holds them, whatever the layout
-        (saved_state, metrics), one = start, make_train(args, Shard())  # (the whole run's shapes)
+        (saved_state, metrics), one = start, build_train(args)  # (the whole run's shapes)
         try:
             state = flax.serialization.from_state_dict(
                 jax.eval_shape(jax.vmap(one.init), keys, hp_runs), saved_state)
@@ -1003,8 +1065,8 @@ def progress(args: Args, metrics, timing) -> str:
     finished = np.isfinite(returns).any(1)
     line = [f"return {np.mean([np.nanmean(r) for r in returns[finished]]):8.4g} (episodes of "
             f"{finished.sum()} of {len(returns)} runs)" if finished.any()
-            else "no episode finished yet"] + [f"{k} {form.format(np.mean(metrics[k][:, -1]))}"
-                                               for k, form in SHOWN.items()]
+            else "no episode finished yet"]
+    line += [f"{k} {form.format(np.mean(metrics[k][:, -1]))}" for k, form in SHOWN.items()]
     total = steps[-1] / len(steps) * timing["num_updates"]
     return (f"[{args.exp_name}] steps {steps[-1]:>12,.0f} / {total:,.0f}  {' '.join(line)}  "
             f"SPS {timing['sps']:,.0f}")
@@ -1014,15 +1076,15 @@ def iqm(x) -> float:
     """Interquartile mean (Agarwal et al. 2021): the mean of the middle half of the values."""
     x = np.sort(np.asarray(x, dtype=np.float64).ravel())
     low, high = int(np.floor(0.25 * len(x))), int(np.ceil(0.75 * len(x)))
-    return float(x[low:high].mean()) if high > low else float(x.mean())
+    return float(x[low:high].mean())
 
 
-def bootstrap_ci(x, stat=np.mean, resamples: int = 5000, level: float = 0.95, seed: int = 0):
-    """Percentile-bootstrap confidence interval of `stat` over the runs in x."""
+def bootstrap_ci(x, stat=np.mean):
+    """95% percentile-bootstrap confidence interval of `stat` over the runs in x (5000 draws)."""
     x = np.asarray(x, dtype=np.float64).ravel()
-    picks = np.random.default_rng(seed).integers(0, len(x), size=(resamples, len(x)))
+    picks = np.random.default_rng(0).integers(0, len(x), size=(5000, len(x)))
     stats = [stat(x[p]) for p in picks]
-    return tuple(float(q) for q in np.quantile(stats, [(1 - level) / 2, (1 + level) / 2]))
+    return tuple(float(q) for q in np.quantile(stats, [0.025, 0.975]))
 
 
 def final_scores(metrics, evals={}) -> dict:
@@ -1202,7 +1264,8 @@ FORMAT = 2  # of checkpoint.msgpack: a file reads the format it writes, and refu
 # runner's, but these. Typed, they win; else the saved value holds, but for this process's own.
 RESUME_MAY_CHANGE = {f.name for f in dataclasses.fields(Args)} - {
     f.name for f in dataclasses.fields(Hyperparams)} - {"seed", "num_seeds", "num_segments", "pbt",
-                                                         "pbt_every", "pbt_fraction"}
+                                                         "pbt_every", "pbt_fraction",
+                                                         "brax_backend"}
 THIS_PROCESS = ("resume", "load_model", "compile_cache_dir", "distributed", "coordinator_address",
                 "num_processes", "process_id")
 
@@ -1254,9 +1317,8 @@ def play(args: Args, runner, key, episodes: int, record: bool = True):
     episode a slot: a policy's memory runs from its start to its end). record: a scan to the time
     limit, per step [T, 2 x episodes] the env states before it, rewards, ended; else each slot's
     return [2 x episodes], by a loop that stops when every episode has ended."""
-    import gymnax
-    env, env_params = gymnax.make(args.env_id)
-    train, vstep = make_train(args, Shard()), jax.vmap(env.step, in_axes=(0, 0, 0, None))
+    (env, env_params), train = make_env(args), build_train(args)
+    vstep = jax.vmap(env.step, in_axes=(0, 0, 0, None))
 
     def step(carry, key):
         obs, env_state, (greedy_memory, sampled_memory), ended = carry
@@ -1290,7 +1352,7 @@ def evaluator(args: Args):
     """The runs' final states ([runs, ...] leaves) -> {tag: [runs]}, each run's mean return over
     --eval-episodes fresh episodes, greedy and sampled (seed k's keys in every configuration);
     None without `act`."""
-    if not (args.eval_episodes and hasattr(make_train(args, Shard()), "act")):
+    if not (args.eval_episodes and hasattr(build_train(args), "act")):
         return None
 
     def mean_returns(runner, key):
@@ -1306,14 +1368,12 @@ def evaluator(args: Args):
 
 def capture_gif(path, args: Args, state):
     """An episode of the first run's greedy policy, drawn by gymnax's Visualizer."""
-    import gymnax
     from gymnax.visualize import Visualizer
     states, rewards, ended = play(args, jax.tree.map(lambda x: x[0], state),
                                   jax.random.PRNGKey(args.seed), 1)  # [:, 0]: greedy
     frames = int(np.argmax(ended[:, 0])) if ended[:, 0].any() else len(ended)  # the episode's steps
-    Visualizer(*gymnax.make(args.env_id), [jax.tree.map(lambda x: x[t, 0], states)
-                                           for t in range(frames)],
-               np.cumsum(rewards[:frames, 0])).animate(path)
+    episode = [jax.tree.map(lambda x: x[t, 0], states) for t in range(frames)]
+    Visualizer(*make_env(args), episode, np.cumsum(rewards[:frames, 0])).animate(path)
     return path
 
 
@@ -1328,15 +1388,15 @@ def save_model(model_dir, args: Args, state):
 def load_model(args: Args, saved):
     """Each seed's state from a saved model: init's, with the leaves saved_model picks replaced."""
     hp = {k: jnp.full(args.num_seeds, getattr(args, k)[0], jnp.float32) for k in HPARAMS}
-    leaves, treedef = jax.tree.flatten(jax.vmap(make_train(args, Shard()).init)(
+    leaves, treedef = jax.tree.flatten(jax.vmap(build_train(args).init)(
         jax.random.split(jax.random.PRNGKey(args.seed), args.num_seeds), hp))
     where = saved_model(jax.tree.unflatten(treedef, range(len(leaves))))  # leaf indices
     mine = {k: saved.get(k) for k in where}
-    same_tree = jax.tree.structure(mine) == jax.tree.structure(where)
-    if not same_tree or any(np.shape(x) != leaves[i].shape
-                            for i, x in zip(*map(jax.tree.leaves, (where, mine)))):
+    pairs = list(zip(jax.tree.leaves(where), jax.tree.leaves(mine)))
+    if jax.tree.structure(mine) != jax.tree.structure(where) or any(
+            np.shape(x) != leaves[i].shape for i, x in pairs):
         raise ArgError(f"--load-model {args.load_model}: its model does not fit this file's")
-    for i, x in zip(*map(jax.tree.leaves, (where, mine))):
+    for i, x in pairs:
         leaves[i] = x
     return jax.tree.unflatten(treedef, leaves)
 

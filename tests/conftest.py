@@ -93,8 +93,9 @@ def assert_usage_error(script, flags, flag, tmp_path):
 
 
 def make_train(module, args, shard=None):
-    """module.make_train on what the runner gives it: a run alone on one device, unless shard."""
-    return module.make_train(args, shard or module.Shard())
+    """module.make_train on what the runner gives it: --env-id's env (make_env), a run alone on
+    one device unless shard."""
+    return module.make_train(args, *module.make_env(args), shard or module.Shard())
 
 
 def read_scalars(run_dir, tag):
@@ -144,19 +145,19 @@ def assert_learns(module, spec):
 
 
 def record_gae_inputs_with_short_episodes(module, monkeypatch, episode_steps=5):
-    """Patch `module` so that its envs truncate every episode after `episode_steps` steps
-    (gymnax.make) and every update reports what it passes to compute_gae; returns the list that
-    the runs then fill, one entry per run and update: float64 numpy arrays [T, N] (rewards,
+    """Patch `module` so that its envs truncate every episode after `episode_steps` steps (the
+    runner's make_env) and every update reports what it passes to compute_gae; returns the list
+    that the runs then fill, one entry per run and update: float64 numpy arrays [T, N] (rewards,
     values, next_values, terminated, truncated). In 5 steps from its start state CartPole-v1
     cannot terminate, so every episode end is a truncation whose final observation differs from
     the reset one."""
     import jax
     import numpy as np
 
-    make, gae, calls = module.gymnax.make, module.compute_gae, []
+    make, gae, calls = module.make_env, module.compute_gae, []
 
-    def short_make(env_id, **kwargs):
-        env, env_params = make(env_id, **kwargs)
+    def short_make(args):
+        env, env_params = make(args)
         return env, env_params.replace(max_steps_in_episode=episode_steps)
 
     def recording_gae(*inputs):  # make_train looks compute_gae up when it traces the update
@@ -164,7 +165,7 @@ def record_gae_inputs_with_short_episodes(module, monkeypatch, episode_steps=5):
                            *inputs[:5])
         return gae(*inputs)
 
-    monkeypatch.setattr(module.gymnax, "make", short_make)
+    monkeypatch.setattr(module, "make_env", short_make)
     monkeypatch.setattr(module, "compute_gae", recording_gae)
     return calls
 

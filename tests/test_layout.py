@@ -22,12 +22,12 @@ import vpg
 from conftest import ALGOS
 
 FENCE = re.compile(r"^# =+ runner$", re.M)
-# The most lines above the fence, of the runner and of a file: DEVELOPERS.md's 460 and 935, but
-# what issues 40-42 and 48 need, asked for in their notes: ppo.py's, vpg.py's and ppo_rnn.py's
-# algorithm 475 (a run over several devices: its means and keys, minibatches the same on any
-# layout), the runner 935, a file 1410.
-ABOVE = {"ppo": 475, "vpg": 475, "q_learning": 450, "pqn": 420, "ppo_rnn": 475, "sac": 460}
-RUNNER_LINES, FILE_LINES = 935, 1410
+# The most lines above the fence, of the runner and of a file: DEVELOPERS.md's 460 above the fence
+# (ppo_rnn.py: 468, asked for: its GRU, its whole-env minibatches); the runner 1060 and a file
+# 1530, asked for in issue 52's and 51's notes: a Shard for runs over several devices (60 lines)
+# and Brax's tasks behind gymnax's interface (75 lines) beside the runner's 935.
+ABOVE = {"ppo": 460, "vpg": 460, "q_learning": 460, "pqn": 460, "ppo_rnn": 468, "sac": 460}
+RUNNER_LINES, FILE_LINES, MAKE_TRAIN_LINES = 1060, 1530, 120
 MODULES = {"ppo": ppo, "vpg": vpg, "q_learning": ql, "pqn": pqn, "ppo_rnn": ppo_rnn, "sac": sac}
 
 
@@ -50,6 +50,27 @@ def test_line_budgets(name):
     assert algorithm.count("\n") <= ABOVE[name]
     assert runner.count("\n") <= RUNNER_LINES and (algorithm + runner).count("\n") <= FILE_LINES
     assert all(len(line) <= 100 for line in (algorithm + runner).splitlines())
+
+
+@pytest.mark.parametrize("name", ABOVE)
+def test_make_train_reads_as_the_algorithm(name):
+    """make_train at most 120 lines, and no device plumbing above the fence: the runner's Shard
+    holds it (a run's share of the envs, its keys, its collectives, its minibatches)."""
+    algorithm, _ = split(name)
+    tree = ast.parse(algorithm)
+    (make_train,) = [n for n in tree.body if getattr(n, "name", "") == "make_train"]
+    assert make_train.end_lineno - make_train.lineno + 1 <= MAKE_TRAIN_LINES
+    defined = {n.name for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.ClassDef))}
+    assert not defined & {"share", "env_keys", "flat_collective", "pmean_flat", "over_devices"}
+
+
+def test_vpg_differs_from_ppo_in_little_but_the_loss():
+    import difflib
+
+    vpg_lines, ppo_lines = ((ALGOS / f"{n}.py").read_text().splitlines() for n in ("vpg", "ppo"))
+    changed = [line for line in difflib.unified_diff(vpg_lines, ppo_lines, lineterm="", n=0)
+               if line[:1] in "+-" and not line.startswith(("+++", "---"))]
+    assert len(changed) <= 170, len(changed)
 
 
 def module_names(tree):

@@ -19,7 +19,7 @@ import ppo_rnn
 import pqn
 import q_learning as ql
 import vpg
-from conftest import assert_usage_error
+from conftest import assert_usage_error, make_train
 
 # One update of 8 envs x 32 steps in 2 minibatches x 2 epochs: CartPole-v1's random episodes
 # (about 22 steps) end in it, so episode_return is finite in what is compared.
@@ -93,7 +93,7 @@ def test_parameters_stay_bitwise_the_same_on_every_device(name):
     bit the same (the runner keeps one copy of what is the same on every device: it must be)."""
     module, flags = MODULES[name]
     args = module.validate(module.Args(**{**ONE_UPDATE, "num_minibatches": 4}, **flags))
-    train = module.make_train(args, module.Shard("batch"))
+    train = make_train(module, args, module.Shard("batch"))
     hp = {k: np.float32([getattr(args, k)[0]]) for k in module.HPARAMS}
     mesh = Mesh(np.array(jax.devices()[:2]).reshape(1, 2), ("runs", "batch"))
     shared = [f for f in ("obs_stats", "return_stats", "params", "opt_state", "key")

@@ -302,7 +302,7 @@ def test_mask_velocity_keeps_the_positions():
                                          track=False))
     hp = {k: jnp.float32(getattr(args, k)[0]) for k in ppo_rnn.HPARAMS}
     state = make_train(ppo_rnn, args).init(jax.random.PRNGKey(0), hp)
-    env, env_params = ppo_rnn.gymnax.make("CartPole-v1")
+    env, env_params = ppo_rnn.make_env(args)
     obs, _ = jax.vmap(env.reset, in_axes=(0, None))(
         jax.random.split(jax.random.split(jax.random.PRNGKey(0), 3)[1], 3), env_params)
     np.testing.assert_array_equal(state.obs, obs[:, [0, 2]])
@@ -334,7 +334,7 @@ def test_cnn_torso_and_continuous_actions_trace(flags):
     state, metrics = jax.eval_shape(train, jax.random.PRNGKey(0), hp)
     assert metrics["loss/policy"].shape == (train.num_updates,) == (2,)
     assert state.memory.shape == (4, 8) and state.first.shape == (4,)
-    env, env_params = ppo_rnn.gymnax.make(args.env_id)
+    env, env_params = ppo_rnn.make_env(args)
     obs = jnp.zeros((3, *env.observation_space(env_params).shape))
     actions, memory = jax.eval_shape(train.act, state, obs, train.initial_memory(3))
     assert actions.shape == (3, *env.action_space(env_params).shape) and memory.shape == (3, 8)

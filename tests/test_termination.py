@@ -29,7 +29,7 @@ def record_update(module, monkeypatch):
     scalars), the observations each step's next value is taken of ("final": [N, 4] per step, the
     final observations before any auto-reset) and what each loss_fn call trains on ("loss":
     terminated, rewards, targets; [B] flattened minibatch rows)."""
-    make, gae, loss_fn = module.gymnax.make, module.compute_gae, module.loss_fn
+    make, gae, loss_fn = module.make_env, module.compute_gae, module.loss_fn
     value = module.ActorCritic.value
     records = {"gae": [], "loss": [], "final": []}
 
@@ -37,8 +37,8 @@ def record_update(module, monkeypatch):
         jax.debug.callback(lambda *xs: records[name].append([np.asarray(x, np.float64)
                                                              for x in xs]), *arrays, ordered=True)
 
-    def short_make(env_id, **kwargs):
-        env, env_params = make(env_id, **kwargs)
+    def short_make(args):
+        env, env_params = make(args)
         return env, env_params.replace(max_steps_in_episode=EPISODE_STEPS)
 
     def recording_gae(*inputs):  # make_train looks these up when it traces the update
@@ -56,7 +56,7 @@ def record_update(module, monkeypatch):
         report("loss", batch.terminated, batch.reward, targets)
         return loss_fn(*args)
 
-    monkeypatch.setattr(module.gymnax, "make", short_make)
+    monkeypatch.setattr(module, "make_env", short_make)
     monkeypatch.setattr(module, "compute_gae", recording_gae)
     monkeypatch.setattr(module.ActorCritic, "value", recording_value)
     monkeypatch.setattr(module, "loss_fn", recording_loss)

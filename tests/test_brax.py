@@ -1,0 +1,106 @@
+"""Brax's physics tasks behind gymnax's interface (--env-id brax/<name>, the runner's brax_env):
+checked against Brax itself; a time limit is a truncation (the files bootstrap through it from
+info["final_observation"]), a fall a termination; the files that take continuous actions train on
+one; bad input is one line before anything compiles."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import ppo
+import ppo_rnn
+import sac
+import vpg
+from conftest import assert_usage_error
+
+
+def env_of(env_id, steps=None):
+    """(env, env_params, Brax's own task) of env_id, its episodes cut after `steps`."""
+    from brax import envs
+
+    env, env_params = ppo.make_env(ppo.Args(env_id=env_id))
+    if steps:
+        env_params = env_params.replace(max_steps_in_episode=steps)
+    return env, env_params, envs.get_environment(env_id[len("brax/"):], backend="positional")
+
+
+def rollout(env, env_params, actions, key):
+    """Steps of one env under actions [T, A] from a reset by key: per step (obs, reward,
+    terminated, truncated, final_observation, the state's episode time after it)."""
+    def step(carry, x):
+        obs, state = carry
+        action, k = x
+        obs, state, reward, terminated, truncated, info = env.step(k, state, action, env_params)
+        return (obs, state), (obs, reward, terminated, truncated, info["final_observation"],
+                              state.time)
+
+    start = env.reset(key, env_params)
+    keys = jax.random.split(jax.random.fold_in(key, 1), len(actions))
+    return jax.device_get(jax.jit(lambda: jax.lax.scan(step, start, (actions, keys))[1])())
+
+
+def test_a_time_limit_truncates_and_the_next_episode_starts_afresh():
+    """reacher never ends on its own: at the limit (5 steps here) truncated, not terminated; the
+    final observation is Brax's own after those steps, the returned one a fresh start's (the
+    reset by the step's key), and the episode's time starts again."""
+    env, env_params, task = env_of("brax/reacher", steps=5)
+    key, actions = jax.random.PRNGKey(3), 0.3 * jnp.ones((7, 2))
+    obs, reward, terminated, truncated, final, time = rollout(env, env_params, actions, key)
+    assert not terminated.any() and truncated.tolist() == [0, 0, 0, 0, 1, 0, 0]
+    assert time.tolist() == [1, 2, 3, 4, 0, 1, 2]
+    brax_state = jax.jit(task.reset)(key)  # the adapter's reset is Brax's, by the same key
+    for t in range(5):  # Brax's own steps from the same start
+        brax_state = jax.jit(task.step)(brax_state, actions[t])
+        np.testing.assert_allclose(final[t], brax_state.obs, rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(reward[t], brax_state.reward, rtol=1e-5, atol=1e-5)
+    assert np.abs(final[4] - obs[4]).max() > 1e-2  # the reset is another observation
+    step_key = jax.random.split(jax.random.fold_in(key, 1), 7)[4]
+    fresh = env.reset(jax.random.split(step_key)[1], env_params)[0]
+    np.testing.assert_allclose(obs[4], fresh, rtol=1e-6, atol=1e-6)
+
+
+def test_a_hopper_that_falls_is_terminated_before_the_limit():
+    """Full torque on every joint: the hopper falls within a few dozen steps. That step is
+    terminated (Brax's done), not truncated; steps before it are neither."""
+    env, env_params, _ = env_of("brax/hopper")
+    _, _, terminated, truncated, _, time = rollout(env, env_params, jnp.ones((200, 3)),
+                                                   jax.random.PRNGKey(0))
+    first = int(np.argmax(terminated))
+    assert terminated[first] and 0 < first < 200 and not truncated[:first + 1].any()
+    assert time[first] == 0 and time[first - 1] == first
+
+
+def test_spaces_have_the_true_bounds():
+    env, env_params, task = env_of("brax/hopper")
+    space = env.action_space(env_params)
+    assert space.shape == (task.action_size,) and space.low == -1 and space.high == 1
+    assert env.observation_space(env_params).shape == (task.observation_size,)
+    assert env_params.max_steps_in_episode == 1000
+
+
+@pytest.mark.parametrize("module", [ppo, vpg, ppo_rnn, sac], ids=lambda m: m.__name__)
+def test_every_continuous_file_trains_on_a_brax_task(module):
+    """A short run on brax/inverted_pendulum: its episodes end and are reported, its policy plays
+    the evaluation episodes (a falling pendulum: each ends), the runner's whole path."""
+    small = dict(num_envs=4, hidden_size=8, num_steps=64, total_timesteps=4 * 64 * 2)
+    if module is sac:
+        small.update(num_steps=16, total_timesteps=4 * 16 * 4, learning_starts=32,
+                     buffer_size=256, batch_size=16)
+    if module is ppo_rnn:
+        small["num_minibatches"] = 2
+    args = module.validate(module.Args(env_id="brax/inverted_pendulum", num_seeds=2,
+                                       eval_episodes=2, track=False, **small))
+    state, metrics, timing = module.run(args)
+    assert np.isfinite(metrics["episode_return"][:, -1]).all(), metrics["episode_return"]
+    evals = module.evaluator(args)(state)
+    assert all(np.isfinite(v).all() and (v >= 1).all() for v in evals.values()), evals
+
+
+@pytest.mark.parametrize("script, flags, message", [
+    ("ppo.py", ["--env-id", "brax/hoper"], "Brax has no such env; it has "),
+    ("pqn.py", ["--env-id", "brax/hopper"], "PQN needs discrete actions"),
+    ("ppo.py", ["--brax-backend", "spring"], "--brax-backend is for Brax's envs"),
+    ("ppo.py", ["--env-id", "brax/hopper", "--capture-gif"], "--capture-gif"),
+])
+def test_bad_input_is_one_line_before_compiling(script, flags, message, tmp_path):
+    assert_usage_error(script, flags, message, tmp_path)
