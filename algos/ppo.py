@@ -403,6 +403,20 @@ CONTINUOUS = dict(DISCRETE, num_envs=16, num_steps=256, update_epochs=10, learni
 MINATAR = dict(DISCRETE, num_envs=64, num_steps=128, num_minibatches=8, activation="relu",
                learning_rate=5e-3, clip_coef=0.2, total_timesteps=3_000_000)
 MINATAR_CNN = dict(MINATAR, network="cnn", update_epochs=2, total_timesteps=1_500_000)
+# Brax, 1000-step episodes. For 2 CPU cores: inverted_pendulum, CONTINUOUS at gamma 0.99 (BRAX.md);
+# hopper, walker2d: PureJaxRL's ppo_continuous_action.py at 5M steps (not 50M). For a GPU, not
+# measured here: Brax's PPO (google/brax notebooks/training.ipynb; unrolls as envs x steps, 2x64).
+PUREJAXRL = dict(CONTINUOUS, num_envs=2048, num_steps=10, num_minibatches=32, update_epochs=4,
+                 learning_rate=3e-4, gamma=0.99, hidden_size=256, total_timesteps=5_000_000)
+BRAX_GPU = dict(PUREJAXRL, num_steps=80, hidden_size=64, gamma=0.97, clip_coef=0.3, ent_coef=1e-2,
+                total_timesteps=50_000_000)
+LONG_UNROLLS = dict(BRAX_GPU, num_steps=160, update_epochs=8, ent_coef=1e-3)
+BRAX = {"brax/inverted_pendulum": dict(CONTINUOUS, gamma=0.99, total_timesteps=200_000),
+        "brax/inverted_double_pendulum": dict(BRAX_GPU, total_timesteps=20_000_000),
+        "brax/reacher": dict(LONG_UNROLLS, num_steps=200, gamma=0.95),
+        "brax/hopper": PUREJAXRL, "brax/walker2d": PUREJAXRL,
+        "brax/ant": dict(BRAX_GPU, num_envs=4096),
+        "brax/halfcheetah": dict(LONG_UNROLLS, gamma=0.95), "brax/humanoid": LONG_UNROLLS}
 PRESETS = {"discrete": DISCRETE, "box": CONTINUOUS, "CartPole-v1": DISCRETE,
            "Pendulum-v1": CONTINUOUS,
            "Acrobot-v1": dict(DISCRETE, total_timesteps=500_000),  # the gymnax README's budget
@@ -412,7 +426,8 @@ PRESETS = {"discrete": DISCRETE, "box": CONTINUOUS, "CartPole-v1": DISCRETE,
                                   learning_rate=5e-3, clip_coef=0.2, ent_coef=0.003,
                                   normalize_obs=True, total_timesteps=500_000),
            "Breakout-MinAtar": MINATAR, "SpaceInvaders-MinAtar": MINATAR,
-           **dict.fromkeys(("Asterix-MinAtar", "Freeway-MinAtar", "Seaquest-MinAtar"), MINATAR_CNN)}
+           **dict.fromkeys(("Asterix-MinAtar", "Freeway-MinAtar", "Seaquest-MinAtar"), MINATAR_CNN),
+           **BRAX}
 
 
 def resolve(args, env, env_params):
@@ -722,6 +737,12 @@ def build_train(args: Args, shard=None):
 BRAX_DRAWING = "Brax draws through MuJoCo's OpenGL renderer, which needs EGL or OSMesa"
 
 
+def leaves_into(target, saved: dict):
+    """A pytree shaped as target from its leaves saved by position ({"0": leaf, "1": ...})."""
+    leaves = [saved[str(i)] for i in range(len(saved))]
+    return jax.tree.unflatten(jax.tree.structure(target), leaves)
+
+
 def brax_env(name: str, backend: str) -> tuple:
     """(env, env_params): Brax's task `name` as a gymnax env, whose step does the rest: at the
     task's end (terminated: a hopper that falls) or at max_steps_in_episode (truncated, not
@@ -734,6 +755,11 @@ def brax_env(name: str, backend: str) -> tuple:
                        f"{', '.join(sorted(envs._envs))}")
     task = envs.get_environment(name, backend=backend)
     obs_size = jax.eval_shape(task.reset, jax.random.PRNGKey(0)).obs.shape[-1]
+    if backend == "mjx":  # its physics state (an mjx.Data) is a pytree flax cannot checkpoint
+        from brax.mjx.base import State as MjxState
+        flax.serialization.register_serialization_state(
+            MjxState, lambda x: {str(i): v for i, v in enumerate(jax.tree.leaves(x))},
+            leaves_into, override=True)
 
     @flax.struct.dataclass
     class State(environment.EnvState):  # time: steps since the episode's start
@@ -1478,7 +1504,8 @@ def main():
         start_processes(args)
         layout(args)  # runs and envs that do not split over the devices: one line, now
         run_dir = args.resume or os.path.join(
-            args.log_dir, f"{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}")
+            args.log_dir, f"{args.env_id.replace('/', '-')}__{args.exp_name}__{args.seed}__"
+            f"{int(time.time())}")  # (brax/hopper: brax-hopper, one folder)
         is_lead = jax.process_index() == 0  # --distributed: process 0 alone writes and prints
         if is_lead and not args.load_model:
             os.makedirs(run_dir, exist_ok=True)  # before anything compiles: --log-dir must work

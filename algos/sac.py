@@ -382,9 +382,30 @@ BOX = dict(total_timesteps=100_000, num_envs=1, num_steps=100, gradient_steps=1,
 # the best of a sweep of {3e-4, 1e-3} x alpha {1, 0.1} x 4 seeds (greedy -156 mean; the others
 # within 7 of it). Reacher-misc, Swimmer-misc: BOX at 50k steps, measured, 4 seeds: greedy 48 to
 # 55 (16 uniform), 355 to 397 (62 at 10k steps). All 2026-11-27.
+# Brax (1000-step episodes). For 2 CPU cores: the pendulums, BOX at 200k steps, not tuned yet
+# (inverted_double_pendulum as typed, 2026-11-28: greedy 3008 to 6649 on 4 seeds; 9,000 is the
+# aim, a random policy scores about 494; 14 min a process on 2 busy cores). For a GPU, not
+# measured here: hopper and walker2d, Brax's own SAC (google/brax notebooks/training.ipynb, 128
+# envs, hidden 256; without its reward scaling); halfcheetah, ant and reacher, rejax's tuned
+# configs/brax (128 envs, a gradient step per env step); humanoid, the SAC paper's (Haarnoja et
+# al. 2018: lr 3e-4, batch 256, hidden 256, 10M steps).
+BRAX_GPU = dict(BOX, num_envs=128, num_steps=10, gradient_steps=128, buffer_size=1_048_576,
+                learning_starts=10_240, batch_size=512, hidden_size=256, total_timesteps=5_242_880)
+BRAX = {"brax/inverted_pendulum": dict(BOX, total_timesteps=200_000),
+        "brax/inverted_double_pendulum": dict(BOX, total_timesteps=200_000),
+        "brax/hopper": dict(BRAX_GPU, gradient_steps=64, learning_starts=8192, learning_rate=6e-4,
+                            gamma=0.997, total_timesteps=6_553_600),
+        "brax/walker2d": dict(BRAX_GPU, gradient_steps=32, batch_size=128, learning_starts=8192,
+                              learning_rate=6e-4, gamma=0.997, total_timesteps=7_864_320),
+        "brax/halfcheetah": dict(BRAX_GPU, learning_rate=2.05e-4, gamma=0.98),
+        "brax/ant": dict(BRAX_GPU, learning_rate=1.2e-4, gamma=0.95, tau=0.01),
+        "brax/reacher": dict(BRAX_GPU, learning_rate=4.62e-4, gamma=0.95, tau=0.01),
+        "brax/humanoid": dict(BRAX_GPU, num_envs=1, num_steps=1_000, gradient_steps=1,
+                              batch_size=256, learning_rate=3e-4, buffer_size=1_000_000,
+                              total_timesteps=10_000_000)}
 PRESETS = {"box": BOX, "Pendulum-v1": dict(BOX, total_timesteps=20_000, learning_starts=1_000),
            "Reacher-misc": dict(BOX, total_timesteps=50_000),
-           "Swimmer-misc": dict(BOX, total_timesteps=50_000)}
+           "Swimmer-misc": dict(BOX, total_timesteps=50_000), **BRAX}
 
 
 def resolve(args, env, env_params):
@@ -688,6 +709,12 @@ def build_train(args: Args, shard=None):
 BRAX_DRAWING = "Brax draws through MuJoCo's OpenGL renderer, which needs EGL or OSMesa"
 
 
+def leaves_into(target, saved: dict):
+    """A pytree shaped as target from its leaves saved by position ({"0": leaf, "1": ...})."""
+    leaves = [saved[str(i)] for i in range(len(saved))]
+    return jax.tree.unflatten(jax.tree.structure(target), leaves)
+
+
 def brax_env(name: str, backend: str) -> tuple:
     """(env, env_params): Brax's task `name` as a gymnax env, whose step does the rest: at the
     task's end (terminated: a hopper that falls) or at max_steps_in_episode (truncated, not
@@ -700,6 +727,11 @@ def brax_env(name: str, backend: str) -> tuple:
                        f"{', '.join(sorted(envs._envs))}")
     task = envs.get_environment(name, backend=backend)
     obs_size = jax.eval_shape(task.reset, jax.random.PRNGKey(0)).obs.shape[-1]
+    if backend == "mjx":  # its physics state (an mjx.Data) is a pytree flax cannot checkpoint
+        from brax.mjx.base import State as MjxState
+        flax.serialization.register_serialization_state(
+            MjxState, lambda x: {str(i): v for i, v in enumerate(jax.tree.leaves(x))},
+            leaves_into, override=True)
 
     @flax.struct.dataclass
     class State(environment.EnvState):  # time: steps since the episode's start
@@ -1444,7 +1476,8 @@ def main():
         start_processes(args)
         layout(args)  # runs and envs that do not split over the devices: one line, now
         run_dir = args.resume or os.path.join(
-            args.log_dir, f"{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}")
+            args.log_dir, f"{args.env_id.replace('/', '-')}__{args.exp_name}__{args.seed}__"
+            f"{int(time.time())}")  # (brax/hopper: brax-hopper, one folder)
         is_lead = jax.process_index() == 0  # --distributed: process 0 alone writes and prints
         if is_lead and not args.load_model:
             os.makedirs(run_dir, exist_ok=True)  # before anything compiles: --log-dir must work

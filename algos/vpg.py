@@ -721,6 +721,12 @@ def build_train(args: Args, shard=None):
 BRAX_DRAWING = "Brax draws through MuJoCo's OpenGL renderer, which needs EGL or OSMesa"
 
 
+def leaves_into(target, saved: dict):
+    """A pytree shaped as target from its leaves saved by position ({"0": leaf, "1": ...})."""
+    leaves = [saved[str(i)] for i in range(len(saved))]
+    return jax.tree.unflatten(jax.tree.structure(target), leaves)
+
+
 def brax_env(name: str, backend: str) -> tuple:
     """(env, env_params): Brax's task `name` as a gymnax env, whose step does the rest: at the
     task's end (terminated: a hopper that falls) or at max_steps_in_episode (truncated, not
@@ -733,6 +739,11 @@ def brax_env(name: str, backend: str) -> tuple:
                        f"{', '.join(sorted(envs._envs))}")
     task = envs.get_environment(name, backend=backend)
     obs_size = jax.eval_shape(task.reset, jax.random.PRNGKey(0)).obs.shape[-1]
+    if backend == "mjx":  # its physics state (an mjx.Data) is a pytree flax cannot checkpoint
+        from brax.mjx.base import State as MjxState
+        flax.serialization.register_serialization_state(
+            MjxState, lambda x: {str(i): v for i, v in enumerate(jax.tree.leaves(x))},
+            leaves_into, override=True)
 
     @flax.struct.dataclass
     class State(environment.EnvState):  # time: steps since the episode's start
@@ -1477,7 +1488,8 @@ def main():
         start_processes(args)
         layout(args)  # runs and envs that do not split over the devices: one line, now
         run_dir = args.resume or os.path.join(
-            args.log_dir, f"{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}")
+            args.log_dir, f"{args.env_id.replace('/', '-')}__{args.exp_name}__{args.seed}__"
+            f"{int(time.time())}")  # (brax/hopper: brax-hopper, one folder)
         is_lead = jax.process_index() == 0  # --distributed: process 0 alone writes and prints
         if is_lead and not args.load_model:
             os.makedirs(run_dir, exist_ok=True)  # before anything compiles: --log-dir must work

@@ -61,7 +61,7 @@ def jax_workload(config: dict) -> dict:
         keys = jax.random.split(jax.random.PRNGKey(0), seeds).reshape(seeds, 1, 2)
         hp = {k: jax.numpy.full((seeds, 1), getattr(args, k)[0]) for k in ql.HPARAMS}
         t0 = time.perf_counter()
-        compiled = jax.pmap(jax.vmap(ql.make_train(args)), devices=jax.local_devices()[:seeds]) \
+        compiled = jax.pmap(jax.vmap(ql.build_train(args)), devices=jax.local_devices()[:seeds]) \
             .lower(keys, hp).compile(ql.COMPILER_OPTIONS)
         compile_s = time.perf_counter() - t0
         last = {}

@@ -334,14 +334,15 @@ def command_worker(config: dict) -> dict:
     }
 
 
-def run_command(name: str, flags: list[str], threshold: float, cache_dir: str) -> dict:
+def run_command(name: str, flags: list[str], threshold: float, cache_dir: str,
+                timeout: float = 3600) -> dict:
     """`python algos/<name>.py FLAGS --no-track --compile-cache-dir CACHE_DIR` in a fresh process
     (and --log-dir in a temporary directory: run_as_typed), on the devices the file picks
     itself. Adds, per configuration and seed, `reach_s`: seconds from the process's launch to the
     end of the update in which the seed first reached the threshold (updates taken as equally
-    long), None if it never did."""
+    long), None if it never did. timeout: seconds before the process is killed (TimeoutExpired)."""
     r = run_worker(Path(__file__), {"file": name, "threshold": threshold, "flags": [
-        *flags, "--no-track", "--compile-cache-dir", cache_dir]}, as_user=True)
+        *flags, "--no-track", "--compile-cache-dir", cache_dir]}, timeout=timeout, as_user=True)
     run_start = r["returned_at"] - r["run_s"] - r["launched_at"]
     r["reach_s"] = [[run_start + f * r["run_s"] if f else None for f in c]
                     for c in r["reach_fraction"]]

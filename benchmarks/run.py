@@ -14,6 +14,9 @@
     python benchmarks/run.py --only devices    # one seed over 1 and 2 devices, 2 processes
     python benchmarks/run.py --only rnn        # ppo_rnn.py beside ppo.py on memory tasks
     python benchmarks/run.py --only sac        # sac.py beside ppo.py and rejax's SAC (~15 min)
+    python benchmarks/run.py --only brax       # the CPU-sized Brax presets on held-out seeds,
+                                               # ppo.py beside PureJaxRL on hopper (hours:
+                                               # hopper and walker2d are 8 x 5M steps each)
 
 Writes RESULTS.md (all tables, machine header and load averages first, the time of every section
 last) and the PNGs into --out (default benchmarks/results/). A full run into the default folder
@@ -82,12 +85,13 @@ SECTIONS = {  # selector -> module (in the order of RESULTS.md)
     "devices": "bench_devices",
     "rnn": "bench_rnn",
     "sac": "bench_sac",
+    "brax": "bench_brax",
     "peers": "peers",  # with --peers, after the others (its own requirements)
 }
 ALL = ("commands", "robustness", "q_learning", "is_eval")  # the default run
 QUICK_COST = {"commands": 2, "robustness": 3, "q_learning": 1, "is_eval": 4}  # relative, --quick
 # run only when --only names them: <NAME>.md
-OPTIONAL = ("envs", "long_runs", "minatar", "pbt", "devices", "rnn", "sac")
+OPTIONAL = ("envs", "long_runs", "minatar", "pbt", "devices", "rnn", "sac", "brax")
 README_START, README_END = "<!-- results:start -->", "<!-- results:end -->"
 FAILED = []  # sections that raised: reported in their place, then the run exits non-zero
 

@@ -23,11 +23,11 @@ from conftest import ALGOS
 
 FENCE = re.compile(r"^# =+ runner$", re.M)
 # The most lines above the fence, of the runner and of a file: DEVELOPERS.md's 460 above the fence
-# (ppo_rnn.py: 468, asked for: its GRU, its whole-env minibatches); the runner 1060 and a file
-# 1530, asked for in issue 52's and 51's notes: a Shard for runs over several devices (60 lines)
-# and Brax's tasks behind gymnax's interface (75 lines) beside the runner's 935.
-ABOVE = {"ppo": 460, "vpg": 460, "q_learning": 460, "pqn": 460, "ppo_rnn": 468, "sac": 460}
-RUNNER_LINES, FILE_LINES, MAKE_TRAIN_LINES = 1060, 1530, 120
+# (asked for: ppo.py 473, its table of Brax presets; ppo_rnn.py 468, its GRU); the runner 1071 and
+# a file 1545, asked for in issue 52's and 51's notes: a Shard for runs over several devices (60
+# lines) and Brax's tasks behind gymnax's interface (86 lines) beside the runner's 935.
+ABOVE = {"ppo": 473, "vpg": 460, "q_learning": 460, "pqn": 460, "ppo_rnn": 468, "sac": 460}
+RUNNER_LINES, FILE_LINES, MAKE_TRAIN_LINES = 1071, 1545, 120
 MODULES = {"ppo": ppo, "vpg": vpg, "q_learning": ql, "pqn": pqn, "ppo_rnn": ppo_rnn, "sac": sac}
 
 
@@ -65,9 +65,14 @@ def test_make_train_reads_as_the_algorithm(name):
 
 
 def test_vpg_differs_from_ppo_in_little_but_the_loss():
+    """diff algos/vpg.py algos/ppo.py: at most 170 changed lines, but ppo.py's table of Brax
+    presets (vpg.py has none of its own)."""
     import difflib
 
     vpg_lines, ppo_lines = ((ALGOS / f"{n}.py").read_text().splitlines() for n in ("vpg", "ppo"))
+    first = next(i for i, line in enumerate(ppo_lines) if line.startswith("# Brax, "))
+    last = next(i for i, line in enumerate(ppo_lines) if line.startswith("PRESETS = "))
+    ppo_lines = ppo_lines[:first] + ppo_lines[last:]
     changed = [line for line in difflib.unified_diff(vpg_lines, ppo_lines, lineterm="", n=0)
                if line[:1] in "+-" and not line.startswith(("+++", "---"))]
     assert len(changed) <= 170, len(changed)
