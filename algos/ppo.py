@@ -621,8 +621,8 @@ def validate(args: Args) -> Args:
         for device in ("SDL_VIDEODRIVER", "SDL_AUDIODRIVER"):
             os.environ.setdefault(device, "dummy")
         from gymnax.visualize import Visualizer
-        if args.env_id.startswith("brax/"):
-            raise ArgError(f"--capture-gif cannot draw {args.env_id} here: {BRAX_DRAWING}")
+        if ENVS == "own" or args.env_id.startswith("brax/"):
+            raise ArgError(f"--capture-gif draws gymnax's envs (its Visualizer), not {args.env_id}")
         try:
             env, env_params = make_env(args)
             gif = Visualizer(env, env_params, [env.reset(jax.random.PRNGKey(0), env_params)[1]])
@@ -732,9 +732,6 @@ def build_env(env_id: str, backend: Optional[str]) -> tuple:
 def build_train(args: Args, shard=None):
     """make_train on --env-id's env: a run alone on its device, unless shard."""
     return make_train(args, *make_env(args), shard or Shard())
-
-
-BRAX_DRAWING = "Brax draws through MuJoCo's OpenGL renderer, which needs EGL or OSMesa"
 
 
 def leaves_into(target, saved: dict):

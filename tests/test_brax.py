@@ -124,7 +124,8 @@ def test_every_continuous_file_trains_on_a_brax_task(module):
     ("ppo.py", ["--env-id", "brax/hoper"], "Brax has no such env; it has "),
     ("pqn.py", ["--env-id", "brax/hopper"], "PQN needs discrete actions"),
     ("ppo.py", ["--brax-backend", "spring"], "--brax-backend is for Brax's envs"),
-    ("ppo.py", ["--env-id", "brax/hopper", "--capture-gif"], "--capture-gif"),
+    ("ppo.py", ["--env-id", "brax/hopper", "--capture-gif"], "--capture-gif draws gymnax's"),
+    ("q_learning.py", ["--env-id", "FrozenLake-misc", "--capture-gif"], "--capture-gif draws"),
 ])
 def test_bad_input_is_one_line_before_compiling(script, flags, message, tmp_path):
     assert_usage_error(script, flags, message, tmp_path)
