@@ -892,13 +892,13 @@ def compile_sweep(args: Args, mesh, specs, train, keys, hp, resuming: bool):
 
     def one_segment(hp, state, valid):
         """`length` updates, the first `valid` (traced) taken: the last, shorter segment too."""
-        update = partial(train.update, hp)
+        update = jax.jit(train.update)  # traced once: for skip's shapes, and to run
 
-        def skip(state):  # the state as it is, and metrics of zeros
-            return state, jax.tree.map(jnp.zeros_like, jax.eval_shape(update, state)[1])
+        def skip(hp, state):  # the state as it is, and metrics of zeros
+            return state, jax.tree.map(jnp.zeros_like, jax.eval_shape(update, hp, state)[1])
 
         def step(state, i):
-            state, metrics = jax.lax.cond(i < valid, update, skip, state)
+            state, metrics = jax.lax.cond(i < valid, update, skip, hp, state)
             if args.pbt:  # the values in force (the schedule, what --resume continues with)
                 metrics.update({f"hp/{k}": v for k, v in hp.items()})
                 metrics["pbt/copied_from"] = jnp.float32(jnp.nan)  # set after a population step
@@ -1423,11 +1423,11 @@ def train_and_write(args: Args, checkpoint, run_dir, is_lead: bool):
         if events:
             speed = [timing["sps"]] * len(metrics["env_steps"])
             events.write(metrics, {"charts/SPS": speed, **evals})
+        # Every process stops after the same segment (others would wait), decided before its line
+        stop = multihost_utils.process_allgather(np.int32(STOP[0] if STOP else 0))
         if is_lead:
             write_checkpoint(run_dir, args, state, metrics, timing["num_updates"], timing["span"])
             print(progress(args, metrics, timing), flush=True)
-        # Every process stops after the same segment: the others would wait for it forever.
-        stop = multihost_utils.process_allgather(np.int32(STOP[0] if STOP else 0))
         if stop.any():
             if is_lead:
                 print(f"stopped with a checkpoint; continue with: python {sys.argv[0]} --resume "
