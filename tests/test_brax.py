@@ -16,19 +16,10 @@ import sac
 import vpg
 from conftest import assert_usage_error
 
+pytestmark = pytest.mark.usefixtures("quicker_compiles")  # (conftest: LLVM -O0)
+
 T = 100  # steps of a rollout
-
-
 BACKEND = "spring"  # the adapter's tests: any backend (spring compiles fastest); ppo: positional
-
-
-@pytest.fixture(autouse=True)
-def quicker_compiles(monkeypatch):
-    """The files' training programs compiled at LLVM -O0, not -O1: a Brax task's take 12 s at -O1,
-    about half at -O0. The rounding differs, not what is computed; a bitwise comparison here
-    compares programs compiled alike."""
-    for module in (ppo, vpg, ppo_rnn, sac):
-        monkeypatch.setattr(module, "COMPILER_OPTIONS", {"xla_backend_optimization_level": 0})
 
 
 def env_of(env_id, steps=None):

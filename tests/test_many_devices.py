@@ -21,6 +21,8 @@ import q_learning as ql
 import vpg
 from conftest import assert_usage_error, make_train
 
+pytestmark = pytest.mark.usefixtures("quicker_compiles")  # (conftest: LLVM -O0)
+
 # One update of 8 envs x 32 steps in 2 minibatches x 2 epochs: CartPole-v1's random episodes
 # (about 22 steps) end in it, so episode_return is finite in what is compared.
 ONE_UPDATE = dict(num_seeds=1, num_envs=8, num_steps=32, num_minibatches=2, update_epochs=2,
