@@ -54,16 +54,21 @@ def layouts(module, args, *num_devices):
     return [(state, metrics) for state, metrics, _ in results], [t["span"] for *_, t in results]
 
 
-@pytest.mark.parametrize("name", ["vpg", "pqn", "q_learning"])  # ppo, ppo_rnn: the next test
+@pytest.mark.parametrize("name", ["vpg", "pqn", "q_learning", "ppo_blocks"])  # ppo_rnn: the next
 def test_one_update_over_two_devices_is_the_update_on_one(name):
     """2 minibatches x 2 epochs: a run's minibatches hold the same samples on any layout (each
     block of envs shuffled by a key of its own; q_learning: each agent's draws by its own key),
     its statistics (observation and return normalisation, advantages) over all its envs: one
     update on 2 devices is the update on 1 to float32 rounding, parameters, optimiser state and
     metrics. (Before: each device shuffled its share with the run's key; on 2 devices, another
-    set of samples per minibatch.)"""
+    set of samples per minibatch.) ppo_blocks: blocks of 2 envs (16 steps in 32 minibatches, as
+    `--num-envs 2048` has), 2 blocks on each device."""
     if name == "q_learning":
         module, args = ql, ql.validate(ql.Args(**QL_UPDATE))
+    elif name == "ppo_blocks":
+        module, args = ppo, ppo.validate(ppo.Args(**{**ONE_UPDATE, "num_steps": 16,
+                                                     "num_minibatches": 32,
+                                                     "total_timesteps": 8 * 16}, **NORMALIZED))
     else:
         module, flags = MODULES[name]
         args = module.validate(module.Args(**ONE_UPDATE, **flags))
