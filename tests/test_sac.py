@@ -1,6 +1,7 @@
 """SAC: the critic target, the Polyak step and the temperature's gradient against float64 numpy,
-the replay buffer (wrap-around, every env's insertion, sampling of filled slots only, the same
-batch however the envs are split), one run over two devices against one, Pendulum-v1 learnt, and
+the replay buffer (wrap-around, every env's insertion, a time limit stored as no termination
+with its final observation, sampling of filled slots only, the same batch however the envs are
+split), one run over two devices against one, Pendulum-v1 learnt, and
 bad input."""
 import signal
 import sys
@@ -99,6 +100,37 @@ def test_buffer_wraps_around_and_holds_every_env():
     theta = np.arctan2(buf.obs[..., 1], buf.obs[..., 0])
     cost = theta**2 + 0.1 * buf.obs[..., 2] ** 2 + 0.001 * buf.action[..., 0] ** 2
     np.testing.assert_allclose(buf.reward, -cost, rtol=1e-4, atol=1e-4)
+
+
+def test_a_time_limit_is_stored_as_no_termination_with_its_final_observation(monkeypatch):
+    """Pendulum-v1 cut after 3 steps, 2 envs, 5 steps, 5 slots each: the truncated step (step 2)
+    is stored with terminated 0 (a time limit is no end: its target bootstraps) and, as next_obs,
+    the observation that step led to (the env's own step from the stored observation and action),
+    not the next episode's first, which step 3 starts from; the other steps chain."""
+    from gymnax.environments.classic_control.pendulum import EnvState
+
+    make = sac.make_env
+
+    def cut_after_3(args):
+        env, env_params = make(args)
+        return env, env_params.replace(max_steps_in_episode=3)
+
+    monkeypatch.setattr(sac, "make_env", cut_after_3)
+    args = sac.validate(sac.Args(**{**TINY, "buffer_size": 10}))
+    train = make_train(sac, args)
+    hp = hp_of(args)
+    runner = jax.jit(train.update)(hp, train.init(jax.random.PRNGKey(0), hp))[0]
+    buf = jax.tree.map(np.asarray, runner.buffer)  # [envs, slots, ...]: slot t holds step t
+    assert (buf.terminated == 0).all()
+    for t in (0, 1, 3):
+        np.testing.assert_array_equal(buf.next_obs[:, t], buf.obs[:, t + 1])
+    env, env_params = cut_after_3(args)
+    for e in range(2):
+        cos, sin, theta_dot = buf.obs[e, 2]
+        state = EnvState(theta=np.arctan2(sin, cos), theta_dot=theta_dot, last_u=0.0, time=0)
+        final = env.step_env(jax.random.PRNGKey(0), state, buf.action[e, 2], env_params)[0]
+        np.testing.assert_allclose(buf.next_obs[e, 2], final, rtol=1e-5, atol=1e-5)
+        assert np.abs(buf.next_obs[e, 2] - buf.obs[e, 3]).max() > 1e-3  # a fresh start follows
 
 
 def test_sampling_draws_filled_slots_only_and_splits_by_env():
