@@ -58,6 +58,7 @@ def test_a_time_limit_truncates_and_the_next_episode_starts_afresh():
         rollout(env, env_params, actions, key))
     assert not terminated[:7].any() and truncated[:7].tolist() == [0, 0, 0, 0, 1, 0, 0]
     assert time[:7].tolist() == [1, 2, 3, 4, 0, 1, 2]
+
     def brax_step(state, action):
         state = task.step(state, action)
         return state, (state.obs, state.reward)
