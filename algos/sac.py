@@ -243,11 +243,11 @@ def count_episodes(reward, done, episode_return, episode_length):
 
 
 def episode_metrics(finished, psum):
-    """The mean return and length of the episodes that ended in an update (NaN if none), from its
+    """How many episodes ended in an update, their mean return and length (NaN if none), from its
     steps' (count, return sum, length sum), summed over the run's devices by psum."""
     count, return_sum, length_sum = psum(jax.tree.map(lambda x: x.sum(), finished))
     return {"episode_return": jnp.where(count > 0, return_sum / count, jnp.nan),
-            "episode_length": jnp.where(count > 0, length_sum / count, jnp.nan)}
+            "episode_length": jnp.where(count > 0, length_sum / count, jnp.nan), "episodes": count}
 
 
 def make_train(args, env, env_params, shard):
@@ -467,7 +467,8 @@ ExtraFlags, draw = dataclasses.make_dataclass("ExtraFlags", []), lambda folder, 
 #                     exploring, memory what the policy carries from one step of an episode to
 #                     the next ([N, ...] leaves; () without), at its start train.initial_memory(N).
 #                     metrics {name: scalar}: env_steps, episode_return, episode_length (mean
-#                     over the update's ended episodes, NaN if none); loss/x -> losses/x.
+#                     over the update's ended episodes, NaN if none), episodes (their count:
+#                     --pbt weighs by it); loss/x -> losses/x.
 #   COMPILER_OPTIONS  XLA's options for the compiled programs.
 #   SCORE, SHOWN      the metric ranking a sweep's configurations; {metric: format} to show.
 #   saved_model(state) -> {name: leaves}: all act reads; --save-model writes, --load-model reads it.
@@ -549,12 +550,26 @@ class Args(Hyperparams, ExtraFlags):
     brax_backend: Optional[Literal["positional", "spring", "generalized", "mjx"]] = None
     """--env-id brax/<name>: Brax's physics pipeline (unset: positional, as PureJaxRL's)"""
     pbt: bool = False
-    """population-based training: the sweep's runs copy better ones and perturb the swept floats
-    (x0.8 or x1.25; a discount's 1 - x; a 0 stays 0)"""
-    pbt_every: int = 1
-    """--pbt: segments between two steps of the population"""
+    """population-based training: the sweep's runs copy better ones, then move each swept float
+    by x0.8 or x1.25 (a discount's 1 - x: a discount of 0 moves, another 0 stays 0), or draw it
+    anew from the grid's range (--pbt-resample)"""
+    pbt_interval: Optional[int] = None
+    """--pbt: env steps of a run (as --total-timesteps counts them) between two steps of the
+    population, in whole updates (unset: a tenth of --total-timesteps)"""
+    pbt_burn_in: Optional[int] = None
+    """--pbt: env steps of a run before the population's first step (unset: two intervals)"""
+    pbt_last_stretch: float = 0.2
+    """--pbt: the fraction at the run's end in which the population takes no step, in [0, 1)"""
     pbt_fraction: float = 0.25
-    """--pbt: the bottom fraction copies a better member of the top one, in (0, 0.5]"""
+    """--pbt: the bottom fraction of the ranked runs (rounded up, at most half) copies a better
+    member of the top one, in (0, 0.5]"""
+    pbt_min_episodes: int = 10
+    """--pbt: ended episodes a run needs in an interval to be ranked (else it sits the step out)"""
+    pbt_resample: float = 0.25
+    """--pbt: the probability that a copy draws a swept float anew (log-uniform over the grid's
+    range; a discount's 1 - x) instead of moving it, in [0, 1]"""
+    pbt_margin: float = 0.0
+    """--pbt: a source's fitness must exceed its copier's by more than this (SCORE's units)"""
 
 
 class ArgError(ValueError):
@@ -572,7 +587,7 @@ def grid(args: Args) -> list:
 def validate(args: Args) -> Args:
     """Check every flag (an int: >= 1 or its least value in COUNTS, the runner's below; --seed any)
     and resolve the unset ones (the file's `resolve`), before any compile."""
-    least = {**COUNTS, "eval_episodes": 0, "process_id": 0, "seed": -np.inf}
+    least = {**COUNTS, "eval_episodes": 0, "process_id": 0, "pbt_burn_in": 0, "seed": -np.inf}
     for name, value in vars(args).items():
         if type(value) is int and value < least.get(name, 1):
             raise ArgError(f"{flag(name)} must be >= {least.get(name, 1)} (got {value})")
@@ -586,10 +601,7 @@ def validate(args: Args) -> Args:
         args = resolve(args, *make_env(args))
     except ValueError as e:
         raise ArgError(str(e)) from None
-    if not 0 < args.pbt_fraction <= 0.5:
-        raise ArgError(f"--pbt-fraction must be in (0, 0.5] (got {args.pbt_fraction})")
-    if args.pbt and len(grid(args)) * args.num_seeds < 2:
-        raise ArgError("--pbt needs a population of 2 runs or more (configurations x seeds)")
+    check_pbt(args)
     if args.capture_gif:  # gymnax's drawing of the env (classic control's pygame: headless)
         for device in ("SDL_VIDEODRIVER", "SDL_AUDIODRIVER"):
             os.environ.setdefault(device, "dummy")
@@ -605,9 +617,30 @@ def validate(args: Args) -> Args:
         except Exception as e:
             raise ArgError(f"--capture-gif cannot draw {args.env_id} here: "
                            f"{str(e).splitlines()[0]}") from None
+    if args.pbt:  # the schedule's unset steps: a tenth of the run, a burn-in of two of them
+        interval = args.pbt_interval or max(1, args.total_timesteps // 10)
+        burn_in = 2 * interval if args.pbt_burn_in is None else args.pbt_burn_in
+        args = dataclasses.replace(args, pbt_interval=interval, pbt_burn_in=burn_in)
     runs_steps = args.total_timesteps * len(grid(args)) * args.num_seeds
     return dataclasses.replace(args, num_segments=args.num_segments or max(  # one per 2^24 steps
         10, -(-runs_steps // 2**24)))
+
+
+def check_pbt(args: Args):
+    """The --pbt flags' rules (that its schedule has a step: segments, which knows the updates)."""
+    defaults = {f.name: f.default for f in dataclasses.fields(Args) if f.name.startswith("pbt_")}
+    typed = [k for k, v in defaults.items() if getattr(args, k) != v]
+    if typed and not args.pbt:
+        raise ArgError(f"{flag(typed[0])} is for --pbt, which is not set")
+    rules = {"pbt_fraction": ("in (0, 0.5]", lambda x: 0 < x <= 0.5),
+             "pbt_last_stretch": ("in [0, 1)", lambda x: 0 <= x < 1),
+             "pbt_resample": ("in [0, 1]", lambda x: 0 <= x <= 1),
+             "pbt_margin": (">= 0", lambda x: x >= 0)}
+    for name, (rule, holds) in rules.items():
+        if not holds(getattr(args, name)):
+            raise ArgError(f"{flag(name)} must be {rule} (got {getattr(args, name)})")
+    if args.pbt and len(grid(args)) * args.num_seeds < 2:
+        raise ArgError("--pbt needs a population of 2 runs or more (configurations x seeds)")
 
 
 def parse(argv) -> Args:
@@ -889,7 +922,7 @@ def to_host(mesh, tree):
 def compile_sweep(args: Args, mesh, specs, train, keys, hp, resuming: bool):
     """(run_init, run_segment: (hp, state, valid) -> (state, metrics [runs, length]), length):
     one program over the mesh each, vmap over a device's runs, compiled before anything runs."""
-    length = -(-train.num_updates // args.num_segments)  # the last segment may run fewer
+    length = segment_length(args, train.num_updates)
 
     def one_segment(hp, state, valid):
         """`length` updates, the first `valid` (traced) taken: the last, shorter segment too."""
@@ -922,16 +955,47 @@ def compile_sweep(args: Args, mesh, specs, train, keys, hp, resuming: bool):
     return run_init, run_segment, length
 
 
-def pbt_step(args: Args, explore, state, hp, metrics, first: int, length: int, num_updates: int):
-    """(state, hp, copied_from) for the segment from update `first`, after a step of the population
-    if one is due (every --pbt-every segments of `length` updates), else copied_from None. Fitness:
-    SCORE's mean since the last step, NaN without evidence (the run sits the step out)."""
-    if not args.pbt or (first // length) % args.pbt_every or first >= num_updates:
-        return state, hp, None
+def segment_length(args: Args, num_updates: int) -> int:
+    """Updates in a segment (the last may run fewer): num_updates / --num-segments rounded up;
+    with --pbt, the greatest divisor of its interval not above that (a step ends a segment)."""
+    length = -(-num_updates // args.num_segments)
+    if args.pbt:
+        interval = pbt_schedule(args, num_updates)[1]
+        length = max(d for d in range(1, min(length, interval) + 1) if interval % d == 0)
+    return length
+
+
+def pbt_schedule(args: Args, num_updates: int) -> tuple:
+    """--pbt: (the updates after which the population steps, the interval in updates): every
+    --pbt-interval env steps in whole updates, from --pbt-burn-in on, none in the run's
+    --pbt-last-stretch. The same whatever the population's size or --num-segments."""
+    per_update = args.total_timesteps / num_updates  # (steps of an update, as the flags count)
+    interval = max(1, round(args.pbt_interval / per_update))
+    burn_in, last = args.pbt_burn_in / per_update, (1 - args.pbt_last_stretch) * num_updates
+    return [u for u in range(interval, num_updates, interval) if burn_in <= u <= last], interval
+
+
+def window_fitness(args: Args, metrics, first: int, last: int):
+    """--pbt: each run's SCORE over updates [first, last), NaN where the run ended fewer than
+    --pbt-min-episodes episodes there. A metric of episodes (episode_return, episode_length) is
+    their mean: each update's weighted by its count of them; another, its mean over the updates."""
+    score = np.asarray(metrics[SCORE][:, first:last], np.float64)
+    episodes = np.asarray(metrics["episodes"][:, first:last], np.float64)
+    weight = episodes if SCORE.startswith("episode_") else np.isfinite(score) * 1.0
+    total = np.where(weight > 0, score * weight, 0.0).sum(1)  # (an update's NaN weighs nothing)
     with np.errstate(all="ignore"):
-        fitness = np.nanmean(metrics[SCORE][:, max(0, first - length * args.pbt_every):first], 1)
-    key = jax.random.fold_in(jax.random.PRNGKey(args.seed), first)  # the same on --resume
-    return jax.device_get(explore(state, hp, fitness, key))
+        return np.where(episodes.sum(1) >= args.pbt_min_episodes, total / weight.sum(1), np.nan)
+
+
+def pbt_step(args: Args, step, state, hp, metrics, done: int, num_updates: int):
+    """(state, hp, copied_from) after `done` updates: `step` (exploit_and_explore, jitted) where the
+    schedule has one, on fitness over the interval before it; else copied_from None."""
+    steps, interval = pbt_schedule(args, num_updates) if args.pbt else ([], 0)
+    if done not in steps:
+        return state, hp, None
+    key = jax.random.fold_in(jax.random.PRNGKey(args.seed), done)  # the same on --resume
+    fitness = window_fitness(args, metrics, done - interval, done)
+    return jax.device_get(step(state, hp, fitness, key))
 
 
 def segments(args: Args, num_devices: Optional[int] = None, start=None):
@@ -945,6 +1009,9 @@ def segments(args: Args, num_devices: Optional[int] = None, start=None):
     keys = jnp.tile(jax.random.split(jax.random.PRNGKey(args.seed), seeds), (len(configs), 1))
     hp_runs = {k: np.repeat(np.float32([c[k] for c in configs]), seeds) for k in HPARAMS}
     train = build_train(args, Shard("batch" if span > 1 else None))
+    if args.pbt and not pbt_schedule(args, train.num_updates)[0]:  # (before anything compiles)
+        raise ArgError(f"--pbt: no step of the population in {args.total_timesteps:,} steps (see "
+                       "--pbt-interval, --pbt-burn-in, --pbt-last-stretch)")
     specs = state_specs(args, span, keys[0], {k: v[0] for k, v in hp_runs.items()})
     t0, seen = time.perf_counter(), len(EVENTS)  # a cache hit from here on is training's
     run_init, run_segment, length = compile_sweep(args, mesh, specs, train, keys, hp_runs,
@@ -952,7 +1019,7 @@ def segments(args: Args, num_devices: Optional[int] = None, start=None):
     check_memory(args, [p for p in (run_init, run_segment) if p], mesh.size // jax.process_count())
     compile_s, cached = time.perf_counter() - t0, any(e.endswith("hits") for e in EVENTS[seen:])
     population = partial(pbt_step, args, jax.jit(partial(exploit_and_explore, args)),
-                         length=length, num_updates=train.num_updates)
+                         num_updates=train.num_updates)
     if start is None:
         state, metrics = run_init(on_runs(keys), on_runs(hp_runs)), None
     else:  # a checkpoint's leaves are [runs, ...] as one device holds them, whatever the layout
@@ -1014,31 +1081,47 @@ def check_memory(args: Args, programs, devices: int):
 def exploit_and_explore(args: Args, state, hp, fitness, key):
     """PBT's step (Jaderberg et al. 2017) over the population ([runs, ...] leaves, hp {flag:
     [runs]}, fitness [runs]; NaN: no evidence, the run sits the step out). The others are ranked,
-    ties at random; each of their bottom --pbt-fraction copies the state and hyperparameters of
-    a member drawn from their top fraction if it is strictly better, then moves each swept float
-    x (1 - x for NEAR_ONE) by x0.8 or x1.25 where its rule still holds. Every run goes on with a
-    key of its own (the step's, folded with its index). -> (state, hp, copied_from: -1 if not)."""
+    ties at random; each of their bottom --pbt-fraction (of n ranked: ceil, at most n // 2, as
+    Ray Tune's) copies the state and hyperparameters of a member drawn from their top as many if
+    it is better by more than --pbt-margin, then explores each swept float (explore). Every run
+    goes on with a key of its own (the step's, folded with its index).
+    -> (state, hp, copied_from: -1 if not)."""
     runs, index = len(fitness), jnp.arange(len(fitness))
     k_ties, k_pick, k_runs, *k_flags = jax.random.split(key, 3 + len(HPARAMS))
     ranked = jnp.isfinite(fitness)
     count = ranked.sum()
-    fraction = jnp.floor(args.pbt_fraction * count).astype(jnp.int32)  # (at least 1 of 2 or more)
-    n = jnp.where(count > 1, jnp.maximum(1, fraction), 0)
+    n = jnp.minimum(jnp.ceil(args.pbt_fraction * count), count // 2).astype(jnp.int32)
     ties = jax.random.uniform(k_ties, (runs,))
     order = jnp.lexsort((ties, jnp.where(ranked, fitness, 0.0), ~ranked))  # worst first, NaN last
     rank = jnp.argsort(order)
     drawn = order[count - n + jax.random.randint(k_pick, (runs,), 0, jnp.maximum(n, 1))]
-    copies = (rank < n) & (fitness[drawn] > fitness)
+    copies = (rank < n) & (fitness[drawn] > fitness + args.pbt_margin)
     source = jnp.where(copies, drawn, index)
     hp = {k: v[source] for k, v in hp.items()}
-    for (k, (_, holds)), k_flag in zip(HPARAMS.items(), k_flags):
+    for k, k_flag in zip(HPARAMS, k_flags):
         if len(getattr(args, k)) > 1:  # a swept flag
-            factor = jnp.where(jax.random.bernoulli(k_flag, 0.5, (runs,)), 0.8, 1.25)
-            moved = 1 - (1 - hp[k]) * factor if k in NEAR_ONE else hp[k] * factor
-            hp[k] = jnp.where(copies & holds(moved), moved, hp[k])
+            hp[k] = jnp.where(copies, explore(args, k, hp[k], k_flag), hp[k])
     keys = jax.vmap(partial(jax.random.fold_in, k_runs))(index)
     state = jax.tree.map(lambda x: x[source], state)._replace(key=keys)
     return state, hp, jnp.where(copies, source, -1)
+
+
+def explore(args: Args, name: str, value, key):
+    """New values [runs] of the swept float `name`: each moved by x0.8 or x1.25, or with
+    probability --pbt-resample drawn anew over the grid's range (log-uniform; uniform where the
+    range reaches 0); a NEAR_ONE flag on its scale 1 - x. A value its rule refuses stays."""
+    k_move, k_redraw, k_draw = jax.random.split(key, 3)
+
+    def scale(x):  # (its own inverse)
+        return 1 - x if name in NEAR_ONE else x
+
+    x, swept = scale(value), [scale(v) for v in getattr(args, name)]
+    low, high = min(swept), max(swept)
+    u = jax.random.uniform(k_draw, x.shape)
+    drawn = low * (high / low) ** u if low > 0 else low + (high - low) * u
+    moved = x * jnp.where(jax.random.bernoulli(k_move, 0.5, x.shape), 0.8, 1.25)
+    new = scale(jnp.where(jax.random.bernoulli(k_redraw, args.pbt_resample, x.shape), drawn, moved))
+    return jnp.where(HPARAMS[name][1](new), new, value)
 
 
 def run(args: Args, num_devices: Optional[int] = None):
@@ -1147,21 +1230,38 @@ def summary(args: Args, metrics, timing, evals={}) -> str:
 
 def population_lines(args: Args, metrics, evals, varied) -> list:
     """--pbt: the final runs best first by SCORE, each with the run its lineage descends from
-    (configuration and seed), and the schedule of the best lineage's swept values."""
+    (configuration and seed), its evaluations and final swept values; how many lineages are
+    left; the schedule of the best lineage's swept values."""
     along, roots, score, order = lineages(args, metrics, evals)
-    configs, steps = grid(args), metrics["env_steps"][0]
-    start = lambda r: ", ".join([*(f"{k} {configs[r // args.num_seeds][k]:g}" for k in varied),
-                                 f"seed {r % args.num_seeds}"])
+    steps = metrics["env_steps"][0]
     lines = [f"population by lineage, best first: run | descends from | {SCORE} | "
-             + " | ".join(varied)]
-    lines += [" | ".join([str(r), f"run {roots[r]} ({start(roots[r])})", f"{score[r]:.4g}",
+             + " | ".join([*evals, *varied])]
+    lines += [" | ".join([str(r), f"run {roots[r]} ({run_name(args, roots[r], varied)})",
+                          f"{score[r]:.4g}", *(f"{evals[k][r]:.4g}" for k in evals),
                           *(f"{along[f'hp/{k}'][r, -1]:.4g}" for k in varied)]) for r in order]
+    lines.append(f"lineages left: {len(set(roots))} of {len(roots)} runs descend from "
+                 + ", ".join(f"run {r}" for r in sorted(set(roots))))
     for k in varied:
         schedule = along[f"hp/{k}"][order[0]]
         changes = [0, *np.flatnonzero(np.diff(schedule)) + 1]  # where a new value holds
         lines.append(f"run {order[0]}'s lineage, {k}: " + ", ".join(
             f"{schedule[i]:.4g} from step {steps[i] - steps[0]:,.0f}" for i in changes))
     return lines
+
+
+def run_name(args: Args, run: int, varied) -> str:
+    """A run of the sweep by its swept values and seed: "learning_rate 0.001, seed 0"."""
+    config = grid(args)[run // args.num_seeds]
+    return ", ".join([*(f"{k} {config[k]:g}" for k in varied), f"seed {run % args.num_seeds}"])
+
+
+def pbt_record(args: Args, metrics, varied) -> list:
+    """--pbt: per run, the hyperparameters in force at its end and the run its lineage descends
+    from (what its folder and saved model record: not the values it started with)."""
+    roots = lineages(args, metrics)[1]
+    return [{"hyperparameters": {k: float(metrics[f"hp/{k}"][r, -1]) for k in HPARAMS},
+             "descends_from": f"run {roots[r]} ({run_name(args, roots[r], varied)})"}
+            for r in range(len(roots))]
 
 
 def config_dirs(run_dir, args: Args) -> list:
@@ -1173,7 +1273,8 @@ def config_dirs(run_dir, args: Args) -> list:
 
 class Tensorboard:
     """An event file per run by tensorboard's own writer, flushed after each segment."""
-    TAGS = {"episode_return": "charts/episodic_return", "episode_length": "charts/episodic_length"}
+    TAGS = {"episode_return": "charts/episodic_return", "episode_length": "charts/episodic_length",
+            "episodes": "charts/episodes"}
 
     def __init__(self, run_dir, args: Args, done):  # done: the env_steps already written
         self.writers, self.written = [], done.shape[1]
@@ -1259,9 +1360,9 @@ FORMAT = 2  # of checkpoint.msgpack: a file reads the format it writes, and refu
 # Flags that --resume and --load-model may change, which do not change what is computed: the
 # runner's, but these. Typed, they win; else the saved value holds, but for this process's own.
 RESUME_MAY_CHANGE = {f.name for f in dataclasses.fields(Args)} - {
-    f.name for f in dataclasses.fields(Hyperparams)} - {"seed", "num_seeds", "num_segments", "pbt",
-                                                         "pbt_every", "pbt_fraction",
-                                                         "brax_backend"}
+    f.name for f in dataclasses.fields(Hyperparams)} - {
+    "seed", "num_seeds", "num_segments", "brax_backend",
+    *(f.name for f in dataclasses.fields(Args) if f.name.startswith("pbt"))}
 THIS_PROCESS = ("resume", "load_model", "compile_cache_dir", "distributed", "coordinator_address",
                 "num_processes", "process_id")
 
@@ -1373,10 +1474,11 @@ def capture_gif(path, args: Args, state):
     return path
 
 
-def save_model(model_dir, args: Args, state):
-    """Atomically write saved_model(state) of every seed, and the arguments, to model.msgpack."""
+def save_model(model_dir, args: Args, state, pbt={}):
+    """Atomically write saved_model(state) of every seed, and the arguments (the ones it started
+    with; --pbt: "pbt", each seed's final ones, as pbt.json), to model.msgpack."""
     write_atomic(os.path.join(model_dir, "model.msgpack"), flax.serialization.msgpack_serialize(
-        {"format": FORMAT, "file": os.path.basename(__file__),
+        {"format": FORMAT, "file": os.path.basename(__file__), "pbt": json.dumps(pbt),
          "args": json.dumps(dataclasses.asdict(args)), **saved_model(state)}))
     return os.path.join(model_dir, "model.msgpack")
 
@@ -1440,20 +1542,27 @@ def train_and_write(args: Args, checkpoint, run_dir, is_lead: bool):
         evals = evaluate(state)
         if events:
             events.write(metrics, evals)
+    varied = [k for k in HPARAMS if len(getattr(args, k)) > 1]
     if events and args.pbt:
-        varied = [k for k in HPARAMS if len(getattr(args, k)) > 1]
         events.write_lineages(args, metrics, evals, "\n".join(
             population_lines(args, metrics, evals, varied)))
+    records = pbt_record(args, metrics, varied) if args.pbt else []
     for c, (one, config_dir) in enumerate(config_dirs(run_dir, args)):
         os.makedirs(config_dir, exist_ok=True)
         seeds = slice(c * args.num_seeds, (c + 1) * args.num_seeds)  # this configuration's
-        write_files(config_dir, one, jax.tree.map(lambda x: x[seeds], state), args.save_model)
+        pbt = {f"seed_{k}": record for k, record in enumerate(records[seeds])}
+        write_files(config_dir, one, jax.tree.map(lambda x: x[seeds], state), args.save_model,
+                    pbt)
     print(summary(args, metrics, timing, evals))
 
 
-def write_files(folder, args: Args, state, saving: bool):
-    """One configuration's model (if saving), GIF (if asked) and the file's pictures."""
-    paths = [save_model(folder, args, state)] if saving else []
+def write_files(folder, args: Args, state, saving: bool, pbt={}):
+    """One configuration's model (if saving), GIF (if asked) and the file's pictures; with --pbt,
+    pbt.json: each seed's final hyperparameters and the run it descends from (pbt_record)."""
+    paths = [save_model(folder, args, state, pbt)] if saving else []
+    if pbt:
+        paths.append(os.path.join(folder, "pbt.json"))
+        write_atomic(paths[-1], json.dumps(pbt, indent=1).encode())
     if args.capture_gif:
         paths.append(capture_gif(os.path.join(folder, "episode.gif"), args, state))
     for path in paths + draw(folder, args, state):

@@ -10,7 +10,7 @@
                                                # tensorboard (about 10 minutes)
     python benchmarks/run.py --only minatar    # ppo.py's MinAtar presets on five games beside
                                                # the published PPO returns (about 45 minutes)
-    python benchmarks/run.py --only pbt        # --pbt beside its fixed grid (about 20 minutes)
+    python benchmarks/run.py --only pbt        # --pbt on held-out seed bases (about 50 min)
     python benchmarks/run.py --only devices    # one seed over 1 and 2 devices, 2 processes
     python benchmarks/run.py --only rnn        # ppo_rnn.py beside ppo.py on memory tasks
     python benchmarks/run.py --only sac        # sac.py beside ppo.py and rejax's SAC (~15 min)

@@ -45,6 +45,14 @@ def run_script(script, *flags, cwd=None, timeout=300, env=None):
     )
 
 
+def run_main(module, argv, capsys):
+    """The script's own main() in this process on argv; what it printed."""
+    from unittest import mock
+    with mock.patch.object(sys, "argv", [f"{module.__name__}.py", *map(str, argv)]):
+        module.main()
+    return capsys.readouterr().out
+
+
 def assert_usage_error(script, flags, flag, tmp_path):
     """Bad input: exit status 2 and a one-line error naming `flag`, with nothing compiled and no
     run directory written. Runs the script's own main() in-process (the same code path as the

@@ -1,8 +1,6 @@
 """Evaluation (the runner's, shown on ppo.py): after training, each run's final policy plays
 --eval-episodes fresh episodes, greedy and sampled; --load-model plays a saved model again."""
 import dataclasses
-import sys
-from unittest import mock
 
 import flax.serialization
 import jax
@@ -11,7 +9,7 @@ import pytest
 
 import ppo
 import q_learning as ql
-from conftest import assert_usage_error, make_train, read_scalars
+from conftest import assert_usage_error, make_train, read_scalars, run_main
 
 TINY = dict(num_envs=8, num_steps=64, num_minibatches=4, total_timesteps=8 * 64 * 6,
             num_segments=3, hidden_size=16)
@@ -55,12 +53,6 @@ def test_a_uniform_policy_scores_what_a_numpy_rollout_of_it_scores():
     sampled = evals["eval/episodic_return_sampled"][0]
     assert abs(sampled - reference.mean()) < 4 * error, (sampled, reference.mean(), error)
     assert 5 <= evals["eval/episodic_return_greedy"][0] < 20
-
-
-def run_main(module, argv, capsys):
-    with mock.patch.object(sys, "argv", [f"{module.__name__}.py", *map(str, argv)]):
-        module.main()
-    return capsys.readouterr().out
 
 
 def test_eval_episodes_0_changes_nothing_else(tmp_path, capsys):

@@ -52,7 +52,8 @@ def test_presets_resolve_before_anything_compiles(module, env_id):
     assert {k: getattr(args, k) for k in RESOLVED[module, env_id]} == RESOLVED[module, env_id]
     assert not [f for f, v in vars(args).items() if v is None and f not in (
         "resume", "load_model", "coordinator_address", "num_processes", "process_id",
-        "devices_per_run", "brax_backend")]  # (unset: chosen by the machine; a gymnax env)
+        "devices_per_run", "brax_backend", "pbt_interval", "pbt_burn_in")]  # (unset: chosen by
+    # the machine; a gymnax env; no --pbt)
     assert module.validate(args) == args  # resolving again changes nothing
 
 

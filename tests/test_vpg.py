@@ -233,7 +233,8 @@ def test_seed_sweep_determinism(user_run):
     """(Other device layouts: test_ppo's, the same runner.)"""
     args = vpg.validate(vpg.Args(track=False, **TINY))
     state, two_devices, _ = vpg.run(args, num_devices=2)
-    assert set(two_devices) == {"env_steps", "episode_return", "episode_length", "loss/policy",
+    assert set(two_devices) == {"env_steps", "episode_return", "episode_length", "episodes",
+                                "loss/policy",
                                 "loss/value", "loss/entropy", "stats/approx_kl",
                                 "charts/learning_rate"}
     assert all(v.shape == (4, 10) for v in two_devices.values())
