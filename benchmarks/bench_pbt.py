@@ -106,6 +106,7 @@ def trial(name: str, quick: bool) -> tuple[str, tuple]:
                      common.with_ci(by_config(fixed)[chosen]), f"{median:.4g}",
                      " ".join(f"{x:.4g}" for x in means),
                      f"{pbt['process_s']:.0f} s vs {fixed['process_s']:.0f} s"])
+        print(f"  pbt {name}: {' | '.join(map(str, rows[-1]))}", flush=True)  # (a long run's log)
     headers = ["seed base", "PBT population: mean [95% CI over members]", "lineages left",
                f"chosen fixed (lr {rates[chosen]:g}): mean [95% CI over seeds]",
                "grid's median", "each fixed configuration's mean (lr " + ", ".join(
