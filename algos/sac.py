@@ -58,7 +58,8 @@ class Hyperparams:
     tau: Optional[tuple[float, ...]] = None
     """sweep: Polyak step of the target critics toward the critics, each gradient step"""
     alpha: Optional[tuple[float, ...]] = None
-    """sweep: entropy temperature: fixed with --no-autotune, its initial value with --autotune"""
+    """sweep: entropy temperature: fixed with --no-autotune (unset: 0.2, CleanRL's), its initial
+    value with --autotune (unset: the preset's)"""
     autotune: bool = True
     """learn the temperature (log alpha) toward --target-entropy"""
     target_entropy: Optional[tuple[float, ...]] = None
@@ -414,6 +415,11 @@ def resolve(args, env, env_params):
     if not isinstance(space := env.action_space(env_params), spaces.Box):
         raise ValueError(f"--env-id {args.env_id!r}: SAC here needs continuous (Box) actions, "
                          f"not {type(space).__name__}")
+    if args.alpha is None and not args.autotune:  # fixed: CleanRL's, not the learnt one's start
+        args = dataclasses.replace(args, alpha=(0.2,))
+    if args.pbt and args.autotune and len(args.alpha or ()) > 1:
+        raise ValueError("--pbt cannot move --alpha while --autotune learns it (it is only its "
+                         "start): add --no-autotune, or sweep it without --pbt")
     preset = PRESETS.get(args.env_id, PRESETS["box"])
     args = dataclasses.replace(args, **{k: (v,) if k in HPARAMS else v
                                         for k, v in preset.items() if getattr(args, k) is None})

@@ -1,10 +1,13 @@
 """SAC: the critic target, the Polyak step and the temperature's gradient against float64 numpy,
 the replay buffer (wrap-around, every env's insertion, a time limit stored as no termination
 with its final observation, sampling of filled slots only, the same batch however the envs are
-split), one run over two devices against one, Pendulum-v1 learnt, and
-bad input."""
+split), the call sites (each loss's gradient on its own parameters, the target critics in the
+target and their Polyak step, the update drawing written slots only, uniform actions before
+learning_starts), the squashed log-probability against distrax, one run over two devices against
+one, Pendulum-v1 learnt, the default fixed temperature, and bad input."""
 import signal
 import sys
+from functools import partial
 
 import jax
 import jax.numpy as jnp
@@ -156,6 +159,135 @@ def test_sampling_draws_filled_slots_only_and_splits_by_env():
     np.testing.assert_array_equal(again[0].obs, batch.obs)
 
 
+def loss_inputs(autotune=True, seed=0):
+    """Pendulum-v1's networks as make_train builds them, params from its init, a target critic
+    apart from the critic, and a random batch (some terminated) with its noise."""
+    args = sac.validate(sac.Args(**TINY, autotune=autotune))
+    env, env_params = sac.make_env(args)
+    low, high = sac.action_bounds(env, env_params)
+    actor = sac.Actor(tuple(map(float, low)), tuple(map(float, high)), args.hidden_size)
+    critic = sac.TwinCritic(args.hidden_size)
+    hp = hp_of(args)
+    params = make_train(sac, args).init(jax.random.PRNGKey(seed), hp).params
+    rng = np.random.default_rng(seed)
+    batch_size = 32
+    batch = sac.Transition(
+        jnp.float32(rng.normal(size=(batch_size, 3))),
+        jnp.float32(rng.uniform(-2, 2, size=(batch_size, 1))),
+        jnp.float32(rng.normal(size=batch_size)), jnp.float32(rng.normal(size=(batch_size, 3))),
+        jnp.float32(rng.random(batch_size) < 0.3))
+    noise = jnp.float32(rng.normal(size=(2, batch_size, 1)))
+    target = jax.tree.map(lambda x: x + 0.1 * jnp.float32(rng.normal(size=x.shape)),
+                          params["critic"])
+    return params, target, actor, critic, hp, batch, noise
+
+
+@pytest.mark.parametrize("autotune", [True, False])
+def test_each_loss_reaches_only_its_own_parameters(autotune):
+    """Through loss_fn, as every gradient step calls it: the critics' loss has a gradient on the
+    critics alone (the next action and its log-probability detached), the policy's on the actor
+    alone (the critic and alpha detached), the temperature's on log alpha alone (log pi
+    detached); with --no-autotune log alpha gets none."""
+    params, target, actor, critic, hp, batch, noise = loss_inputs(autotune)
+    owner = {"loss/critic": "critic", "loss/actor": "actor", "loss/temperature": "log_alpha"}
+    for loss, own in owner.items():
+        def one(p):
+            return sac.loss_fn(p, target, actor, critic, hp, autotune, batch, noise)[1][loss]
+
+        grads = jax.grad(one)(params)
+        for part in ("actor", "critic", "log_alpha"):
+            size = sum(float(jnp.abs(x).sum()) for x in jax.tree.leaves(grads[part]))
+            reaches = part == own and (autotune or part != "log_alpha")
+            assert (size > 0) == reaches, (loss, part, size)
+
+
+def test_the_critics_regress_on_the_target_critics_and_these_follow_by_polyak():
+    """The critics' loss is their squared error against critic_target on the target critics'
+    values at the next observation (not the online critics'); after an update of one gradient
+    step the target critics are (1 - tau) target + tau critic, the critic the one it produced."""
+    params, target, actor, critic, hp, batch, noise = loss_inputs()
+    next_action, next_log_prob = actor.apply(params["actor"], batch.next_obs, noise[0],
+                                             method=sac.Actor.sample)
+    y = sac.critic_target(batch.reward, batch.terminated,
+                          *critic.apply(target, batch.next_obs, next_action), next_log_prob,
+                          jnp.exp(params["log_alpha"]), hp["gamma"])
+    q = critic.apply(params["critic"], batch.obs, batch.action)
+    expected = float(((q - y) ** 2).mean(-1).sum())
+    got = sac.loss_fn(params, target, actor, critic, hp, True, batch, noise)[1]["loss/critic"]
+    np.testing.assert_allclose(float(got), expected, rtol=1e-5)
+    args = sac.validate(sac.Args(**{**TINY, "learning_starts": 0, "num_steps": 1,
+                                    "total_timesteps": 2, "tau": (0.3,)}))
+    train = make_train(sac, args)
+    hp = hp_of(args)
+    runner = train.init(jax.random.PRNGKey(0), hp)
+    runner = runner._replace(target_critic=target)  # apart from the critic
+    after = jax.jit(train.update)(hp, runner)[0]
+    expected = jax.tree.map(lambda t, c: 0.7 * t + 0.3 * c, target, after.params["critic"])
+    jax.tree.map(partial(np.testing.assert_allclose, rtol=1e-5, atol=1e-7),
+                 after.target_critic, expected)
+
+
+def test_updates_sample_only_the_slots_written():
+    """Every slot of the buffer poisoned (NaN) before the run: the slots an update writes are
+    the only ones its gradient steps draw from (filled as the update computes it), so the
+    parameters stay finite while most of the buffer is still poison."""
+    args = sac.validate(sac.Args(**{**TINY, "buffer_size": 40, "learning_starts": 2,
+                                    "num_steps": 6}))
+    train = make_train(sac, args)
+    hp = hp_of(args)
+    runner = train.init(jax.random.PRNGKey(0), hp)
+    runner = runner._replace(buffer=jax.tree.map(lambda x: jnp.full_like(x, jnp.nan),
+                                                 runner.buffer))
+    after, metrics = jax.jit(train.update)(hp, runner)
+    assert np.isnan(np.asarray(after.buffer.reward)).mean() == 14 / 20  # 6 of 20 slots written
+    assert all(np.isfinite(np.asarray(x)).all() for x in jax.tree.leaves(after.params))
+    assert np.isfinite(float(metrics["loss/critic"]))
+
+
+def test_actions_are_uniform_before_learning_starts():
+    """A policy whose every action is near the top of [-2, 2] (its mean's bias at +10): before
+    learning_starts the stored actions are uniform over [-2, 2] (a quarter in each quarter of
+    the range), after it the policy's."""
+    counts = {}
+    for starts in (10_000, 0):
+        args = sac.validate(sac.Args(**{**TINY, "num_envs": 8, "buffer_size": 400,
+                                        "batch_size": 8, "num_steps": 50, "total_timesteps": 400,
+                                        "learning_starts": starts, "gradient_steps": 1}))
+        train = make_train(sac, args)
+        hp = hp_of(args)
+        runner = train.init(jax.random.PRNGKey(1), hp)
+        params = jax.tree.map(lambda x: x, runner.params)
+        last = sorted(params["actor"]["params"])[-1]  # the Dense of the mean and log std
+        bias = params["actor"]["params"][last]["bias"]
+        params["actor"]["params"][last]["bias"] = bias.at[0].set(10.0)
+        runner = runner._replace(params=params)
+        actions = np.asarray(jax.jit(train.update)(hp, runner)[0].buffer.action).ravel()
+        counts[starts] = np.histogram(actions, bins=4, range=(-2, 2))[0] / len(actions)
+    np.testing.assert_allclose(counts[10_000], 0.25, atol=0.07)  # 400 actions: sd 0.022
+    assert counts[0][-1] > 0.9
+
+
+def test_the_squashed_log_probability_is_distraxs_and_finite_far_out():
+    """squash's log |d action / d u| against distrax's Tanh bijector and the scale's log, on
+    fresh random u; at |u| = 20, where tanh rounds to 1 in float32 and log(1 - tanh^2) would be
+    -inf, it stays finite (its closed form: 2 (log 2 - |u|) + log scale, nearly)."""
+    import distrax
+
+    low, high = jnp.float32([-2.0, -1.0]), jnp.float32([2.0, 3.0])
+    u = jnp.float32(np.random.default_rng(0).normal(scale=2.0, size=(256, 2)))
+    action, log_det = sac.squash(u, low, high)
+    scale = (high - low) / 2
+    expected = (distrax.Tanh().forward_log_det_jacobian(u) + jnp.log(scale)).sum(-1)
+    np.testing.assert_allclose(log_det, expected, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(action, low + scale * (np.tanh(np.float64(u)) + 1), rtol=1e-5,
+                               atol=1e-5)
+    far = jnp.float32([[20.0, -20.0]])
+    action, log_det = sac.squash(far, low, high)
+    assert np.isfinite(np.asarray(log_det)).all()
+    np.testing.assert_allclose(log_det, (2 * (np.log(2) - 20) + np.log(scale)).sum(), rtol=1e-5)
+    np.testing.assert_allclose(action, [[2.0, -1.0]])
+
+
 def test_one_run_over_two_devices_is_the_same_experiment():
     """One seed of 2 envs on one device, and split over two (each device its env's share of the
     buffer, gradients averaged): the updates' metrics agree to rounding; the actor's parameters
@@ -189,9 +321,20 @@ def test_learns_pendulum():
     (["--alpha", "0"], "--alpha"),
     (["--total-timesteps", "50"], "--total-timesteps"),
     (["--learning-starts", "-1"], "--learning-starts"),
+    (["--pbt", "--alpha", "0.1", "0.2"], "--pbt cannot move --alpha while --autotune learns it"),
 ])
 def test_bad_input_is_one_line_exit_2(flags, flag, tmp_path):
     assert_usage_error("sac.py", flags, flag, tmp_path)
+
+
+def test_a_fixed_temperature_defaults_to_cleanrls():
+    """--no-autotune alone fixes alpha at 0.2 (CleanRL's), not at the presets' 1.0, which is the
+    learnt temperature's start; a typed alpha holds either way."""
+    assert sac.validate(sac.Args(autotune=False)).alpha == (0.2,)
+    assert sac.validate(sac.Args()).alpha == (1.0,)
+    assert sac.validate(sac.Args(autotune=False, alpha=(0.05,))).alpha == (0.05,)
+    args = sac.validate(sac.Args(autotune=False, alpha=(0.1, 0.2), pbt=True, num_seeds=2))
+    assert args.alpha == (0.1, 0.2)  # --pbt moves a fixed one
 
 
 def test_a_buffer_too_big_for_memory_is_refused_naming_it(tmp_path, capsys, monkeypatch):
