@@ -38,9 +38,14 @@ def step(module, args, state, hp, fitness, seed=0):
     return jax.device_get(out)
 
 
+def flat_hp(module, args, runs):
+    """Every run at each HPARAMS flag's first value, [runs] float32 (a test then sets the swept)."""
+    return {k: np.full(runs, getattr(args, k)[0], np.float32) for k in module.HPARAMS}
+
+
 def ppo_population(rates=(1e-3, 2e-3), seeds=4, **pbt):
     args = ppo.validate(ppo.Args(learning_rate=rates, num_seeds=seeds, pbt=True, **pbt))
-    hp = {k: np.full(len(rates) * seeds, getattr(args, k)[0], np.float32) for k in ppo.HPARAMS}
+    hp = flat_hp(ppo, args, len(rates) * seeds)
     hp["learning_rate"] = np.repeat(np.float32(rates), seeds)
     return args, hp
 
@@ -84,7 +89,7 @@ def test_copiers_are_the_fraction_rounded_up_and_at_most_half(runs, fraction, co
     args, _ = ppo_population(pbt_fraction=fraction)
     state, fitness = population(runs + runs % 2)
     state, fitness = jax.tree.map(lambda x: x[:runs], state), fitness[:runs]
-    hp = {k: np.full(runs, getattr(args, k)[0], np.float32) for k in ppo.HPARAMS}
+    hp = flat_hp(ppo, args, runs)
     for seed in range(5):
         copied = step(ppo, args, state, hp, fitness, seed)[2]
         order = np.argsort(fitness)
@@ -140,7 +145,7 @@ def test_a_discount_moves_on_its_scale_of_one_minus_gamma():
     args = ppo.validate(ppo.Args(gamma=(0.99, 0.999), clip_coef=(0.1, 0.2), num_seeds=2,
                                  pbt=True, pbt_fraction=0.5, pbt_resample=0.0))
     state, fitness = population()
-    hp = {k: np.full(8, getattr(args, k)[0], np.float32) for k in ppo.HPARAMS}
+    hp = flat_hp(ppo, args, 8)
     hp["gamma"], hp["clip_coef"] = np.float32([0.99, 0.999] * 4), np.float32([0.1, 0.2] * 4)
     moved = 0
     for seed in range(10):
@@ -160,11 +165,11 @@ def test_zero_stays_zero_but_a_discount_of_zero_moves_as_help_says(capsys):
     1 - gamma to 0.2 (x0.8; x1.25 would leave [0, 1): kept). --help says both."""
     args = ppo.validate(ppo.Args(ent_coef=(0.0, 0.01), num_seeds=4, pbt=True, pbt_resample=0.0))
     state, fitness = population()
-    hp = {k: np.full(8, getattr(args, k)[0], np.float32) for k in ppo.HPARAMS}
+    hp = flat_hp(ppo, args, 8)
     hp["ent_coef"] = np.zeros(8, np.float32)
     assert np.all(step(ppo, args, state, hp, fitness)[1]["ent_coef"] == 0)
     args = ql.validate(ql.Args(gamma=(0.0, 0.9), num_seeds=4, pbt=True, pbt_resample=0.0))
-    hp = {k: np.full(8, getattr(args, k)[0], np.float32) for k in ql.HPARAMS}
+    hp = flat_hp(ql, args, 8)
     hp["gamma"] = np.zeros(8, np.float32)
     values = set()
     for seed in range(20):
@@ -214,7 +219,7 @@ def test_resampling_draws_log_uniform_over_the_grids_range():
     below = np.mean(drawn < 1e-3)  # binomial(400, 0.5): sd 0.025; uniform would give 0.09
     assert 0.4 < below < 0.6, below
     args = ppo.validate(ppo.Args(gamma=(0.9, 0.99), num_seeds=4, pbt=True, pbt_resample=1.0))
-    hp_gamma = {k: np.full(8, getattr(args, k)[0], np.float32) for k in ppo.HPARAMS}
+    hp_gamma = flat_hp(ppo, args, 8)
     hp_gamma["gamma"] = np.repeat(np.float32([0.9, 0.99]), 4)
     for seed in range(20):
         _, new_hp, copied = step(ppo, args, state, hp_gamma, fitness, seed)
