@@ -9,7 +9,7 @@
     python benchmarks/run.py --only long_runs  # segments vs one program, checkpoints, live
                                                # tensorboard (about 10 minutes)
     python benchmarks/run.py --only minatar    # ppo.py's MinAtar presets on five games beside
-                                               # the published PPO returns (about 45 minutes)
+                                               # the published PPO returns (84 minutes)
     python benchmarks/run.py --only pbt        # --pbt on held-out seed bases (about 50 min)
     python benchmarks/run.py --only devices    # one seed over 1 and 2 devices, 2 processes
     python benchmarks/run.py --only rnn        # ppo_rnn.py beside ppo.py on memory tasks
@@ -24,7 +24,7 @@ also refreshes the block of README.md between the results markers, so the README
 latest full results. Run it alone on the machine: numbers from a loaded machine go in no table.
 Every workload runs in its own process (common.run_worker). The envs section (well over an hour
 on 2 cores), the long_runs section (about 10 minutes: it would break the budget below) and the
-minatar section (25 minutes measured, MINATAR.md) run only when --only names them,
+minatar section (84 minutes measured, MINATAR.md) run only when --only names them,
 and write ENVS.md, LONG_RUNS.md and MINATAR.md, never RESULTS.md nor the README.
 
 Time budget of the full run on 2 cores, in seconds (estimated from measurements on a quiet
@@ -50,10 +50,13 @@ machine; RESULTS.md ends with each section's real time):
                                    slower (commands 299, robustness 1451: pqn.py's 64 seeds,
                                    which joined the table since, 672 s of it, q_learning 113,
                                    is_eval 402)
-    minatar          7     1520    optional (--only minatar), outside the total, measured on
-                                   2026-11-26: 5 games x 4 seeds x 3M steps, 111-172 s each but
-                                   Seaquest (881 s: gymnax's Seaquest steps at 14k steps/s, the
-                                   others at 70-120k), then Acrobot 16 s and MountainCar 58 s
+    minatar         12     5047    optional (--only minatar), outside the total, measured on
+                                   2026-11-28 (a host slower than 2026-11-26's on most games:
+                                   Breakout 159 s, then 72 s): ppo.py's 5 games x 4 seeds, 159-287
+                                   s each but Seaquest
+                                   (824 s: gymnax's Seaquest steps at 7k steps/s, the others at
+                                   24-86k); pqn.py beside them 304-911 s each (2704 s); the CNN's
+                                   speed, then Acrobot 26 s and MountainCar 96 s
 
 Cold and warm: "cold" figures come from an empty compilation cache (the process compiles), "warm"
 ones from the cache the cold run of the same command filled; every robustness sweep and the
