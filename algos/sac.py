@@ -307,7 +307,10 @@ def make_train(args, env, env_params, shard):
 
     def step(hp, tx, runner: RunnerState, _):
         """A step of every env, then gradient_steps gradient steps once learning_starts have
-        been taken (a cond: the runner's segments are one program from the first step on)."""
+        been taken (a cond: the runner's segments are one program from the first step on). The
+        runner's vmap makes the cond a select: the steps before learning_starts compute their
+        gradient steps and discard them (Pendulum-v1, 4 seeds: as long a run with
+        --learning-starts 1000 as with 0, 29.5 s and 29.0 s, medians of 3)."""
         runner, finished = env_step(runner)
         key, k_learn = jax.random.split(runner.key)
         carry = (runner.params, runner.target_critic, runner.opt_state)
@@ -440,8 +443,9 @@ def resolve(args, env, env_params):
 
 # ============================================================================ 6. hooks
 # The runner's hooks (its contract at the fence), beside COUNTS and SIZE_FLAGS above: what a run
-# over several devices splits (its envs and their shares of the buffer), XLA's options (ppo.py's
-# LLVM -O1), the ranking metric, the shown ones, the saved model, no switches of its own.
+# over several devices splits (its envs and their shares of the buffer), XLA's options (LLVM -O1:
+# Pendulum-v1, 4 seeds, compile 6.3 s against XLA's default 9.4, run 28.2 s and 28.3, medians of
+# 3), the ranking metric, the shown ones, the saved model, no switches of its own.
 SPLIT = "num_envs"
 ENVS = "gymnax"  # --env-id: gymnax's, or a Brax task (brax/<name>), built by the runner
 COMPILER_OPTIONS = {"xla_backend_optimization_level": 1}
