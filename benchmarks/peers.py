@@ -66,15 +66,28 @@ REJAX_EVALS, REJAX_EVAL_EPISODES, REJAX_DEVICES = 20, 16, 2
 
 
 # ----------------------------------------------------------------------------- workers
-def sb3_worker(config):
-    """SB3 PPO on config["seeds"], one after the other in this process: per seed, (time, steps,
-    mean return of the episodes finished) per rollout, and the final return."""
-    import torch
+class FiveValueStep:
+    """A gymnax 1.0 env seen through the pre-1.0 5-value step rejax 0.1 expects (one `done`:
+    terminated or truncated, so a time limit ends the episode as a termination does)."""
 
-    torch.set_num_threads(1)
-    from stable_baselines3 import PPO
+    def __init__(self, env):
+        self.env = env
+
+    def step(self, key, state, action, params=None):
+        obs, state, reward, terminated, truncated, info = self.env.step(key, state, action, params)
+        return obs, state, reward, terminated | truncated, info
+
+    def __getattr__(self, name):  # only reached for what the wrapper does not define
+        if name == "env":
+            raise AttributeError(name)
+        return getattr(self.env, name)
+
+
+def episode_recorder():
+    """A Stable-Baselines3 callback (SB3 and sbx) keeping every finished episode (env step,
+    return) in `episodes` and, per rollout, (time, env steps, mean return of its episodes or None)
+    in `points`. SB3 is imported here: only the peers' environment has it."""
     from stable_baselines3.common.callbacks import BaseCallback
-    from stable_baselines3.common.env_util import make_vec_env
 
     class Record(BaseCallback):
         def _on_training_start(self):
@@ -92,17 +105,35 @@ def sb3_worker(config):
             self.points.append((time.time(), self.num_timesteps, mean))
             self.rollout = []
 
+    return Record()
+
+
+def final_return(episodes: list, steps: int) -> float:
+    """The mean return of the episodes that ended in the last 5% of a run of `steps` env steps
+    (the last episode's if none did), as ours counts its final training return."""
+    tail = [r for t, r in episodes if t >= 0.95 * steps]
+    return float(np.mean(tail or [episodes[-1][1]]))
+
+
+def sb3_worker(config):
+    """SB3 PPO on config["seeds"], one after the other in this process: per seed, (time, steps,
+    mean return of the episodes finished) per rollout, and the final return."""
+    import torch
+
+    torch.set_num_threads(1)
+    from stable_baselines3 import PPO
+    from stable_baselines3.common.env_util import make_vec_env
+
     results = []
     for seed in config["seeds"]:
         kwargs = dict(SB3_ZOO[config["env_id"]])
         env = make_vec_env(config["env_id"], n_envs=kwargs.pop("n_envs"), seed=seed)
         model = PPO("MlpPolicy", env, seed=seed, device="cpu", verbose=0, **kwargs)
-        record = Record()
+        record = episode_recorder()
         t0 = time.perf_counter()
         model.learn(total_timesteps=config["steps"], callback=record)
-        tail = [r for t, r in record.episodes if t >= 0.95 * config["steps"]]
         results.append({"points": record.points, "learn_s": time.perf_counter() - t0,
-                        "final": float(np.mean(tail or [record.episodes[-1][1]]))})
+                        "final": final_return(record.episodes, config["steps"])})
     return {"seeds": results}
 
 
@@ -114,22 +145,6 @@ def rejax_worker(config):
     import gymnax
     from rejax import PPO
     from rejax.evaluate import evaluate
-
-    class FiveValueStep:
-        """gymnax 1.0 env seen through the pre-1.0 5-value step rejax 0.1 expects."""
-
-        def __init__(self, env):
-            self.env = env
-
-        def step(self, key, state, action, params=None):
-            obs, state, reward, terminated, truncated, info = self.env.step(
-                key, state, action, params)
-            return obs, state, reward, terminated | truncated, info
-
-        def __getattr__(self, name):  # only reached for what the wrapper does not define
-            if name == "env":
-                raise AttributeError(name)
-            return getattr(self.env, name)
 
     def eval_callback(algo, ts, rng):
         return evaluate(algo.make_act(ts), rng, algo.env, algo.env_params, REJAX_EVAL_EPISODES,
