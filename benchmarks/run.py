@@ -13,7 +13,7 @@
     python benchmarks/run.py --only pbt        # --pbt on held-out seed bases (about 50 min)
     python benchmarks/run.py --only devices    # one seed over 1 and 2 devices, 2 processes
     python benchmarks/run.py --only rnn        # ppo_rnn.py beside ppo.py on memory tasks
-    python benchmarks/run.py --only sac        # sac.py beside ppo.py and rejax's SAC (~15 min)
+    python benchmarks/run.py --only sac        # sac.py beside ppo.py, rejax and sbx (~38 min)
     python benchmarks/run.py --only brax       # the CPU-sized Brax presets on held-out seeds,
                                                # ppo.py beside PureJaxRL on hopper (hours:
                                                # hopper and walker2d are 8 x 5M steps each)
