@@ -97,7 +97,7 @@ class RunningStats(NamedTuple):
         b_count, b_sum, b_squares = psum((jnp.float32(len(batch)), batch.sum(0),
                                           ((batch - self.mean) ** 2).sum(0)))
         delta, total = b_sum / b_count - self.mean, self.count + b_count
-        b_var = b_squares / b_count - delta**2
+        b_var = jnp.maximum(b_squares / b_count - delta**2, 0.0)  # rounding can take it below 0
         mean = self.mean + delta * b_count / total
         m2 = self.var * self.count + b_var * b_count + delta**2 * self.count * b_count / total
         return RunningStats(mean, m2 / total, total)
@@ -404,8 +404,8 @@ MINATAR = dict(DISCRETE, num_envs=64, num_steps=128, num_minibatches=8, activati
                learning_rate=5e-3, clip_coef=0.2, total_timesteps=3_000_000)
 MINATAR_CNN = dict(MINATAR, network="cnn", update_epochs=2, total_timesteps=1_500_000)
 # Brax, 1000-step episodes. For 2 CPU cores: inverted_pendulum, CONTINUOUS at gamma 0.99 (BRAX.md);
-# hopper, walker2d: PureJaxRL's ppo_continuous_action.py at 5M steps (not 50M). For a GPU, not
-# measured here: Brax's PPO (google/brax notebooks/training.ipynb; unrolls as envs x steps, 2x64).
+# hopper, walker2d: PureJaxRL's ppo_continuous_action.py at 5M steps (not 50M). For a GPU (3 timed
+# on an H200, GPU.md): Brax's PPO (google/brax notebooks/training.ipynb; unrolls as envs x steps).
 PUREJAXRL = dict(CONTINUOUS, num_envs=2048, num_steps=10, num_minibatches=32, update_epochs=4,
                  learning_rate=3e-4, gamma=0.99, hidden_size=256, total_timesteps=5_000_000)
 BRAX_GPU = dict(PUREJAXRL, num_steps=80, hidden_size=64, gamma=0.97, clip_coef=0.3, ent_coef=1e-2,

@@ -98,7 +98,7 @@ class RunningStats(NamedTuple):
         b_count, b_sum, b_squares = psum((jnp.float32(len(batch)), batch.sum(0),
                                           ((batch - self.mean) ** 2).sum(0)))
         delta, total = b_sum / b_count - self.mean, self.count + b_count
-        b_var = b_squares / b_count - delta**2
+        b_var = jnp.maximum(b_squares / b_count - delta**2, 0.0)  # rounding can take it below 0
         mean = self.mean + delta * b_count / total
         m2 = self.var * self.count + b_var * b_count + delta**2 * self.count * b_count / total
         return RunningStats(mean, m2 / total, total)
