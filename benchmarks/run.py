@@ -1,7 +1,7 @@
 """Reproduce every benchmark table the README shows, with one command.
 
-    python benchmarks/run.py            # the full run: about 38 minutes on 2 cores (below)
-    python benchmarks/run.py --peers    # and rejax / SB3 beside ours (about 12 minutes more;
+    python benchmarks/run.py            # the full run: about 39 minutes on 2 cores (below)
+    python benchmarks/run.py --peers    # and rejax / SB3 beside ours (about 19 minutes more;
                                         # their own environment: see benchmarks/peers.py)
     python benchmarks/run.py --quick    # the pipeline on tiny budgets, under a minute
     python benchmarks/run.py --only commands,q_learning
@@ -49,7 +49,9 @@ machine; RESULTS.md ends with each section's real time):
                                    2026-11-27, 2265 s on a host whose numpy baselines ran 25%
                                    slower (commands 299, robustness 1451: pqn.py's 64 seeds,
                                    which joined the table since, 672 s of it, q_learning 113,
-                                   is_eval 402)
+                                   is_eval 402); that of 2026-11-28, 2345 s (commands 310,
+                                   robustness 1526, pqn 725 of it, q_learning 117, is_eval 392;
+                                   --peers 1117 s more)
     minatar         12     5047    optional (--only minatar), outside the total, measured on
                                    2026-11-28 (a host slower than 2026-11-26's on most games:
                                    Breakout 159 s, then 72 s): ppo.py's 5 games x 4 seeds, 159-287
