@@ -387,9 +387,9 @@ BOX = dict(total_timesteps=100_000, num_envs=1, num_steps=100, gradient_steps=1,
 # within 7 of it). Reacher-misc, Swimmer-misc: BOX at 50k steps, measured, 4 seeds: greedy 48 to
 # 55 (16 uniform), 355 to 397 (62 at 10k steps). All 2026-11-27.
 # Brax (1000-step episodes). For 2 CPU cores: the pendulums, BOX at 200k steps, not tuned yet
-# (inverted_double_pendulum as typed, 2026-11-28: greedy 3008 to 6649 on 4 seeds; 9,000 is the
-# aim, a random policy scores about 494; 14 min a process on 2 busy cores; --learning-rate 3e-4
-# 5e-4, one sweep of 17 min alone: greedy means 4830 and 5424, not better). For a GPU, not
+# (inverted_double_pendulum as typed, 2026-11-28: greedy 3008 to 6649 on 4 seeds, 9,000 the aim,
+# random 494; 7 min a process alone; lr 3e-4, 5e-4: greedy 4830, 5424; tau 0.02, best on 2 seeds
+# of tau x gamma 0.98/0.99 (9288), then 3493 to 8797 on these 4: none better). For a GPU, not
 # measured here: hopper and walker2d, Brax's own SAC (google/brax notebooks/training.ipynb, 128
 # envs, hidden 256; without its reward scaling); halfcheetah, ant and reacher, rejax's tuned
 # configs/brax (128 envs, a gradient step per env step); humanoid, the SAC paper's (Haarnoja et
