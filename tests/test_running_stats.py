@@ -16,8 +16,8 @@ def test_running_stats_match_float64_and_stay_finite(name):
     module = importlib.import_module(name)
     rng = np.random.default_rng(7)
     n, wide, constant = 2048, 4, 64
-    # Columns: 4 ordinary features, then 64 near-constant ones around values near 1 (the cos of
-    # an angle drawn in +-0.01, each column its own offset): variances of 1e-10 beside means of 1.
+    # Columns: 4 ordinary features, then 64 near-constant ones (the cos of an angle drawn in
+    # +-0.01 about an offset of 0 to 0.3): variances of 1e-10 to 3e-6 beside means near 1.
     batches = []
     for _ in range(3):
         ordinary = rng.normal(2.0, 3.0, (n, wide))
