@@ -1,5 +1,6 @@
 """Brax tasks (--env-id brax/<name>): every CPU-sized preset of ppo.py and sac.py as typed on
-held-out seeds, and ppo.py beside PureJaxRL's ppo_continuous_action.py on hopper.
+held-out seeds, ppo.py beside PureJaxRL's ppo_continuous_action.py on hopper, and sac.py beside
+rejax's SAC on inverted_double_pendulum.
 
     python benchmarks/bench_brax.py [--quick] [--rows ROW,...]   # writes results/BRAX.md
     python benchmarks/run.py --only brax                         # the same, through run.py
@@ -18,7 +19,14 @@ installed: its checkout's path comes from PUREJAXRL_DIR (the pair is skipped wit
 so when it is unset); it runs in this venv, as its authors run it (purejaxrl_worker), navix (in
 its requirements.txt, imported by its wrappers.py for a gridworld wrapper alone) replaced by an
 empty stand-in where it is not installed.
-(c) sac.py beside rejax's SAC on a Brax env: a placeholder, not run.
+(c) sac.py beside rejax's SAC (rejax 0.1.3, in the peers' environment: benchmarks/peers.py) on
+brax/inverted_double_pendulum, positional backend: sac.py's preset as typed (the (a) row, run once
+for both) and rejax's SAC at the same steps, network, batch and settings (SAC_AS_OURS), 8 seeds in
+one process (pmap over the 2 cores x vmap, bench_sac.py's rejax_worker), an empty compilation
+cache: whole-process seconds and each run's final policy on 64 fresh episodes, greedy (the mean
+action through rejax's tanh) and sampled (rejax's own act). rejax sees Brax through its own wrapper
+(rejax.compat), whose `done` includes the 1000-step limit (no bootstrap there), as under the gymnax
+before 1.0 it was written for (rejax_worker says how).
 """
 from __future__ import annotations
 
@@ -34,7 +42,9 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import bench_sac  # noqa: E402
 import common  # noqa: E402
+import peers  # noqa: E402
 
 BASE, SEEDS_A, SEEDS_B = 5000, 8, 4  # the held-out seed base, as bench_sac.py's
 QUICK_SEEDS, QUICK_EVAL_EPISODES = 2, 2
@@ -55,7 +65,9 @@ ROWS = {
 }
 # (b): row -> Brax env name. walker2d doubles (b)'s hours, so only when --rows names it.
 PEER_ROWS = {"purejaxrl:brax/hopper": "hopper", "purejaxrl:brax/walker2d": "walker2d"}
-DEFAULT_ROWS = (*ROWS, "purejaxrl:brax/hopper")
+# (c): row -> (a)'s row of sac.py whose preset rejax's SAC runs beside (SAC_AS_OURS).
+REJAX_ROWS = {"rejax:brax/inverted_double_pendulum": "sac:brax/inverted_double_pendulum"}
+DEFAULT_ROWS = (*ROWS, "purejaxrl:brax/hopper", *REJAX_ROWS)
 # PureJaxRL's own configuration: the __main__ block of ppo_continuous_action.py, with 5M steps
 # (not 5e7: ppo.py's preset, 2 cores) and DEBUG off (a host callback printing every finished
 # episode, which would time the printing).
@@ -65,6 +77,11 @@ PUREJAXRL = {"LR": 3e-4, "NUM_ENVS": 2048, "NUM_STEPS": 10, "TOTAL_TIMESTEPS": 5
              "ACTIVATION": "tanh", "ENV_NAME": "hopper", "ANNEAL_LR": False,
              "NORMALIZE_ENV": True, "DEBUG": False}
 QUICK_PUREJAXRL = {"NUM_ENVS": 64, "TOTAL_TIMESTEPS": 2560}  # as SMALL
+# (c): rejax's SAC at sac.py's preset for brax/inverted_double_pendulum (algos/sac.py's BOX at 200k
+# steps): bench_sac.REJAX (sac.py's Box preset in rejax's terms) with BOX's 5000 random steps
+# first and a buffer of the whole run.
+SAC_AS_OURS = dict(bench_sac.REJAX, fill_buffer=5_000, buffer_size=200_000)
+QUICK_SAC = dict(buffer_size=3_000, fill_buffer=1_000)  # as (a)'s --quick flags
 
 
 # ----------------------------------------------------------------------------- PureJaxRL worker
@@ -123,12 +140,18 @@ def last_line(e: Exception) -> str:
 def ours(name: str, flags: list[str]) -> dict:
     """`python algos/<name>.py FLAGS --no-track` in its own process, an empty compilation cache;
     no threshold is claimed for these tasks (np.inf: reach times unused). A failure or timeout
-    comes back as {"error": ...}."""
-    try:
-        with tempfile.TemporaryDirectory() as cache:
-            return common.run_command(name, flags, np.inf, cache, timeout=TIMEOUT)
-    except Exception as e:
-        return {"error": last_line(e)}
+    comes back as {"error": ...}. Run once per command: (c) reads (a)'s sac.py row."""
+    key = (name, tuple(flags))
+    if key not in OURS:
+        try:
+            with tempfile.TemporaryDirectory() as cache:
+                OURS[key] = common.run_command(name, flags, np.inf, cache, timeout=TIMEOUT)
+        except Exception as e:
+            OURS[key] = {"error": last_line(e)}
+    return OURS[key]
+
+
+OURS = {}  # (file, flags) -> its result
 
 
 def command_line(name: str, flags: list[str]) -> str:
@@ -136,14 +159,22 @@ def command_line(name: str, flags: list[str]) -> str:
             "--compile-cache-dir EMPTY_TEMP_DIR")
 
 
+def row_flags(row: str, quick: bool) -> list[str]:
+    """The flags of (a)'s row: its preset as typed on the held-out seeds (--quick: tiny)."""
+    _, env_id, quick_flags = ROWS[row]
+    flags = ["--env-id", env_id, "--seed", str(BASE), "--num-seeds",
+             str(QUICK_SEEDS if quick else SEEDS_A)]
+    if quick:
+        flags += ["--eval-episodes", str(QUICK_EVAL_EPISODES), *quick_flags]
+    return flags
+
+
 def part_a(quick: bool, rows: list[str]) -> list[str]:
+    if not rows:
+        return []
     table, commands = [], []
     for row in rows:
-        name, env_id, quick_flags = ROWS[row]
-        flags = ["--env-id", env_id, "--seed", str(BASE), "--num-seeds",
-                 str(QUICK_SEEDS if quick else SEEDS_A)]
-        if quick:
-            flags += ["--eval-episodes", str(QUICK_EVAL_EPISODES), *quick_flags]
+        name, flags = ROWS[row][0], row_flags(row, quick)
         commands.append(command_line(name, flags))
         r = ours(name, flags)
         print(f"  brax (a) {row}: {r.get('error', 'done')}", flush=True)
@@ -173,6 +204,8 @@ def part_a(quick: bool, rows: list[str]) -> list[str]:
 
 
 def part_b(quick: bool, rows: list[str]) -> list[str]:
+    if not rows:
+        return []
     seeds = QUICK_SEEDS if quick else SEEDS_B
     text = ["### (b) ppo.py beside PureJaxRL's ppo_continuous_action.py"]
     folder = os.environ.get("PUREJAXRL_DIR")
@@ -244,23 +277,81 @@ def part_b(quick: bool, rows: list[str]) -> list[str]:
             "(--eval-episodes 0), as PureJaxRL has none."]
 
 
-def part_c(quick: bool) -> list[str]:
-    """Placeholder, deliberately not implemented: rejax's Brax support needs its own
-    environment (its brax pin beside ours), which .venv-peers does not provide."""
-    line = ("not run: sac.py beside rejax's SAC on a Brax env needs rejax with its Brax support "
-            "in an environment of its own, which is not set up")
-    print(f"  brax (c) {line}", flush=True)
-    return ["### (c) sac.py beside rejax's SAC on a Brax env", f"- {line}."]
+def part_c(quick: bool, rows: list[str]) -> list[str]:
+    if not rows:
+        return []
+    text = ["### (c) sac.py beside rejax's SAC"]
+    python = peers.peers_python()
+    if not (python and peers.installed(python, "rejax")):
+        print("  brax (c): skipped, rejax not installed", flush=True)
+        return [*text, "- skipped: rejax runs in the peers' environment (benchmarks/peers.py: "
+                       ".venv-peers or PEERS_PYTHON), which is not there."]
+    table, seeds = [], QUICK_SEEDS if quick else SEEDS_A
+    episodes = QUICK_EVAL_EPISODES if quick else 64
+    settings = {**SAC_AS_OURS, **(QUICK_SAC if quick else {})}
+    for row in rows:
+        name, env_id, _ = ROWS[REJAX_ROWS[row]]
+        r = ours(name, row_flags(REJAX_ROWS[row], quick))  # (a)'s row: run once for both
+        steps = r.get("total_timesteps", 0)
+        call = (f"`jax.pmap(jax.vmap(get_algo('sac').create(env={env_id}, **settings).train))` "
+                f"over {seeds} keys of PRNGKey({BASE})")
+        try:
+            with tempfile.TemporaryDirectory() as cache:
+                t = common.run_worker(Path(bench_sac.__file__), {
+                    "peer": "rejax", "env": env_id, "steps": steps, "seeds": seeds, "seed": BASE,
+                    "episodes": episodes, "settings": settings, "time_sampler": False},
+                    timeout=TIMEOUT, python=python, as_user=True,
+                    env={**peers.PEER_ENV, "JAX_COMPILATION_CACHE_DIR": cache})
+        except Exception as e:
+            t = {"error": last_line(e)}
+        for label, command, result in (("sac.py", f"`{r.get('command')}`", r),
+                                        ("rejax", call, t)):
+            if "error" in result:
+                table.append([label, command, f"failed: {result['error']}", *[""] * 5])
+                continue
+            evals = result["evals"] if label == "sac.py" else {k: [result[k]] for k in (
+                "greedy", "sampled")}
+            cells = []
+            for kind in ("greedy", "sampled"):
+                x = np.asarray(evals[kind][0], np.float64)
+                cells += [common.with_ci(x, spec=".1f"), f"{x.min():.1f}"]
+            table.append([label, command, f"{seeds} x {steps:,}",
+                          f"{result['process_s']:.0f} ({result['compile_s']:.0f} + "
+                          f"{result['run_s']:.0f})", *cells])
+        print(f"  brax (c) {env_id}: ours {r.get('error', 'done')}, rejax "
+              f"{t.get('error', 'done')}", flush=True)
+    headers = ["implementation", "command", "seeds x steps",
+               "whole process s (compile + training run)", "evaluation, greedy", "worst seed",
+               "evaluation, sampled", "worst seed"]
+    return [*text,
+            "Both: the positional backend, sac.py's preset as typed (the (a) row's process); "
+            "rejax's SAC (0.1.3, in the peers' environment, through bench_sac.py's worker) with "
+            "the same settings (" + ", ".join(f"{k}={v}" for k, v in settings.items())
+            + "; rejax's defaults otherwise: no gradient clipping, no observation or reward "
+            "normalisation), its seeds in one program (pmap over the 2 cores x vmap), an empty "
+            f"compilation cache each. Evaluation: {episodes} fresh episodes per seed of each "
+            "run's final policy, by the mean action (greedy) and by sampled ones (rejax: its own "
+            "act and evaluate, compiled and run after training, in its process time): mean over "
+            "the seeds [95% CI], and the worst seed's mean.",
+            common.md_table(headers, table),
+            "Settings that do not match: rejax's Brax wrapper ends an episode at the 1000-step "
+            "limit with the same `done` as the task's end, so its critics' target does not "
+            f"bootstrap there (sac.py's does); its first {settings['fill_buffer']:,} steps act "
+            "by its initial policy (sac.py's uniformly at random); it clips the policy's log "
+            "std to [-10, 2] (sac.py: a tanh into [-5, 2]); its replay draws are weighted "
+            "without replacement over the buffer (sac.py's uniform); its log-probability leaves "
+            "out the action scale's log-determinant (0 here: Brax's actions are in [-1, 1])."]
 
 
 def run(quick: bool = False, rows: list[str] | None = None) -> str:
     rows = list(DEFAULT_ROWS if rows is None else rows)
     load_start = common.load_average()
     text = [*part_a(quick, [r for r in rows if r in ROWS]),
-            *part_b(quick, [r for r in rows if r in PEER_ROWS]), *part_c(quick)]
+            *part_b(quick, [r for r in rows if r in PEER_ROWS]),
+            *part_c(quick, [r for r in rows if r in REJAX_ROWS])]
     named = "" if rows == list(DEFAULT_ROWS) else f" --rows {','.join(rows)}"
     return "\n\n".join([
-        "## Brax: the CPU-sized presets, and ppo.py beside PureJaxRL",
+        "## Brax: the CPU-sized presets, ppo.py beside PureJaxRL, sac.py beside rejax",
         "benchmarks/bench_brax.py (`python benchmarks/bench_brax.py" + (" --quick" if quick else "")
         + named + "`, or `python benchmarks/run.py --only brax`). Load average (1, 5, 15 min) "
         f"at the start: {load_start}" + (". Quick: tiny budgets, the pipeline, not the "
@@ -274,12 +365,12 @@ if __name__ == "__main__":
         parser.add_argument("--quick", action="store_true",
                             help="2 seeds, tiny budgets (2048-env presets: 64 envs): the pipeline")
         parser.add_argument("--rows", default=",".join(DEFAULT_ROWS),
-                            help=f"comma list out of {','.join([*ROWS, *PEER_ROWS])}")
+                            help=f"comma list out of {','.join([*ROWS, *PEER_ROWS, *REJAX_ROWS])}")
         opts = parser.parse_args()
         chosen = [r.strip() for r in opts.rows.split(",") if r.strip()]
-        if unknown := sorted(set(chosen) - set(ROWS) - set(PEER_ROWS)):
+        if unknown := sorted(set(chosen) - set(ROWS) - set(PEER_ROWS) - set(REJAX_ROWS)):
             parser.error(f"--rows: unknown {', '.join(unknown)} "
-                         f"(choose from {', '.join([*ROWS, *PEER_ROWS])})")
+                         f"(choose from {', '.join([*ROWS, *PEER_ROWS, *REJAX_ROWS])})")
         report = common.machine_header() + "\n\n" + run(opts.quick, chosen)
         common.RESULTS.mkdir(parents=True, exist_ok=True)
         (common.RESULTS / "BRAX.md").write_text(report + "\n")

@@ -70,8 +70,14 @@ def rejax_worker(config: dict) -> dict:
     """All seeds of rejax SAC in one process (the peers' environment): its train() vmapped over
     the seeds and pmapped over the cores; then, timed apart, one evaluation of the final policy
     (its own: the stochastic policy; and the mean action's, for the greedy column),
-    config["episodes"] episodes each, and its replay buffer's sampler alone, as often as the run
-    calls it, beside a uniform draw of the same size."""
+    config["episodes"] episodes each, and (config["time_sampler"], default on) its replay
+    buffer's sampler alone, as often as the run calls it, beside a uniform draw of the same size.
+    config["env"] (default Pendulum-v1): a gymnax id, or brax/<name> through rejax's own Brax
+    wrapper (rejax.compat, positional backend) whose `done` is Brax's, the task's end or the
+    1000-step limit: under gymnax 1.0, whose step also asks is_truncated (state.time, which a
+    Brax state lacks), that check answers False, so the one `done` of the 5-value step is the
+    transitions' of the gymnax rejax 0.1 was written for. config["settings"]: rejax's, else
+    rejax_settings(steps)."""
     import jax
 
     jax.config.update("jax_num_cpu_devices", REJAX_DEVICES)
@@ -102,8 +108,15 @@ def rejax_worker(config: dict) -> dict:
         result = jax.block_until_ready(compiled(*args))
         return compile_s, time.perf_counter() - t0, result
 
-    env, env_params = gymnax.make("Pendulum-v1")
-    settings = rejax_settings(config["steps"])
+    env_id = config.get("env", "Pendulum-v1")
+    if env_id.startswith("brax/"):
+        from rejax.compat import create
+        env, env_params = create(env_id, backend="positional")
+        env.is_truncated = lambda state, params: jnp.zeros((), bool)  # Brax's done has the limit
+    else:
+        env, env_params = gymnax.make(env_id)
+    settings = config.get("settings") or rejax_settings(config["steps"])
+    settings["hidden_layer_sizes"] = tuple(settings["hidden_layer_sizes"])  # (JSON's list)
     algo = get_algo("sac").create(env=peers.FiveValueStep(env), env_params=env_params,
                                   total_timesteps=config["steps"], eval_freq=config["steps"],
                                   skip_initial_evaluation=True, **settings)
@@ -113,6 +126,12 @@ def rejax_worker(config: dict) -> dict:
     keys = keys.reshape(len(devices), -1, *keys.shape[1:])
     compile_s, run_s, (ts, _) = timed(algo.train, keys)
     eval_compile_s, eval_s, (sampled, greedy) = timed(evaluation, ts, keys)
+    # [devices, seeds per device, episodes] -> per seed, the mean return
+    per_seed = lambda x: np.asarray(x).reshape(config["seeds"], -1).mean(-1).tolist()
+    result = {"compile_s": compile_s, "run_s": run_s, "eval_compile_s": eval_compile_s,
+              "eval_s": eval_s, "sampled": per_seed(sampled), "greedy": per_seed(greedy)}
+    if not config.get("time_sampler", True):
+        return result
 
     # Its sampler: a draw without replacement weighted by p over every slot of the buffer, once a
     # gradient step, and the run computes one every env step (a cond that vmap makes a select).
@@ -134,11 +153,7 @@ def rejax_worker(config: dict) -> dict:
         lambda a: a[jax.random.randint(key, (batch,), 0, buffer.size)], buffer.data)
     sampler_s = timed(rejax_draws, keys)[1]
     uniform_s = timed(draw_loop(uniform), keys)[1]
-    # [devices, seeds per device, episodes] -> per seed, the mean return
-    per_seed = lambda x: np.asarray(x).reshape(config["seeds"], -1).mean(-1).tolist()
-    return {"compile_s": compile_s, "run_s": run_s, "eval_compile_s": eval_compile_s,
-            "eval_s": eval_s, "sampler_s": sampler_s, "uniform_s": uniform_s, "draws": draws,
-            "sampled": per_seed(sampled), "greedy": per_seed(greedy)}
+    return {**result, "sampler_s": sampler_s, "uniform_s": uniform_s, "draws": draws}
 
 
 def sbx_worker(config: dict) -> dict:

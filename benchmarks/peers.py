@@ -78,7 +78,7 @@ class FiveValueStep:
         return obs, state, reward, terminated | truncated, info
 
     def __getattr__(self, name):  # only reached for what the wrapper does not define
-        if name == "env":
+        if name == "env" or name.startswith("__"):  # (deepcopy's hooks: the wrapper's own)
             raise AttributeError(name)
         return getattr(self.env, name)
 
