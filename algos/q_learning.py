@@ -502,7 +502,7 @@ class Args(Hyperparams, ExtraFlags):
     save_model: bool = False
     """write the final model of every run to model.msgpack in the run directory"""
     capture_gif: bool = False
-    """after training, draw an episode of the first seed's greedy policy (gymnax's envs)"""
+    """after training, draw an episode of the first seed's greedy policy (gymnax's, Brax's envs)"""
     eval_episodes: int = 64
     """after training, fresh episodes of each run's policy, greedy and exploring (where it acts)"""
     eval_every_segment: bool = False
@@ -577,23 +577,29 @@ def validate(args: Args) -> Args:
                 raise ArgError(f"{flag(name)} must be {rule} (got {x})")
     if args.brax_backend and not args.env_id.startswith("brax/"):
         raise ArgError(f"--brax-backend is for Brax's envs (brax/<name>), not {args.env_id}")
+    if args.capture_gif and sys.platform == "linux":  # before brax loads MuJoCo, which reads it:
+        os.environ.setdefault("MUJOCO_GL", "egl")  # its renderer headless
     try:
         args = resolve(args, *make_env(args))
     except ValueError as e:
         raise ArgError(str(e)) from None
     check_pbt(args)
-    if args.capture_gif:  # gymnax's drawing of the env (classic control's pygame: headless)
+    if args.capture_gif:  # drawn headless: classic control by pygame (Brax's: MUJOCO_GL above)
         for device in ("SDL_VIDEODRIVER", "SDL_AUDIODRIVER"):
             os.environ.setdefault(device, "dummy")
         from gymnax.visualize import Visualizer
-        if ENVS == "own" or args.env_id.startswith("brax/"):
-            raise ArgError(f"--capture-gif draws gymnax's envs (its Visualizer), not {args.env_id}")
-        try:
+        if ENVS == "own":
+            raise ArgError(f"--capture-gif draws gymnax's and Brax's envs, not {args.env_id}")
+        try:  # a first frame, drawn now
             env, env_params = make_env(args)
-            gif = Visualizer(env, env_params, [env.reset(jax.random.PRNGKey(0), env_params)[1]])
-            gif.init()
-            if not hasattr(gif, "im"):
-                raise ValueError("gymnax has no drawing of it")
+            first = [env.reset(jax.random.PRNGKey(0), env_params)[1]]
+            if hasattr(env, "write_gif"):  # a Brax task: MuJoCo's renderer
+                env.write_gif(first, os.devnull)
+            else:
+                gif = Visualizer(env, env_params, first)
+                gif.init()
+                if not hasattr(gif, "im"):
+                    raise ValueError("gymnax has no drawing of it")
         except Exception as e:
             raise ArgError(f"--capture-gif cannot draw {args.env_id} here: "
                            f"{str(e).splitlines()[0]}") from None
@@ -769,6 +775,14 @@ def brax_env(name: str, backend: str) -> tuple:
 
         def observation_space(self, params=None):
             return spaces.Box(-jnp.inf, jnp.inf, (obs_size,), jnp.float32)
+
+        def write_gif(self, states, path):  # (--capture-gif) by MuJoCo's renderer, in real time
+            from brax.io import image
+            from PIL import Image
+            frames = image.render_array(task.sys, [s.brax.pipeline_state for s in states], 240, 320)
+            first, *rest = [Image.fromarray(frame) for frame in frames]
+            first.save(path, format="GIF", save_all=True, append_images=rest, loop=0,
+                       duration=round(1000 * task.dt))
 
     return BraxEnv(), Params()
 
@@ -1444,13 +1458,17 @@ def evaluator(args: Args):
 
 
 def capture_gif(path, args: Args, state):
-    """An episode of the first run's greedy policy, drawn by gymnax's Visualizer."""
+    """An episode of the first run's greedy policy, drawn by gymnax's Visualizer or by Brax's."""
     from gymnax.visualize import Visualizer
     states, rewards, ended = play(args, jax.tree.map(lambda x: x[0], state),
                                   jax.random.PRNGKey(args.seed), 1)  # [:, 0]: greedy
     frames = int(np.argmax(ended[:, 0])) if ended[:, 0].any() else len(ended)  # the episode's steps
     episode = [jax.tree.map(lambda x: x[t, 0], states) for t in range(frames)]
-    Visualizer(*make_env(args), episode, np.cumsum(rewards[:frames, 0])).animate(path)
+    env, env_params = make_env(args)
+    if hasattr(env, "write_gif"):
+        env.write_gif(episode, path)
+    else:
+        Visualizer(env, env_params, episode, np.cumsum(rewards[:frames, 0])).animate(path)
     return path
 
 

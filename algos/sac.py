@@ -389,9 +389,10 @@ BOX = dict(total_timesteps=100_000, num_envs=1, num_steps=100, gradient_steps=1,
 # Brax (1000-step episodes). For 2 CPU cores: the pendulums, BOX at 200k steps, not tuned yet
 # (inverted_double_pendulum as typed, 2026-11-28: greedy 3008 to 6649 on 4 seeds, 9,000 the aim,
 # random 494; 7 min a process alone; lr 3e-4, 5e-4: greedy 4830, 5424; tau 0.02, best on 2 seeds
-# of tau x gamma 0.98/0.99 (9288), then 3493 to 8797 on these 4: none better). For a GPU, not
-# measured here: hopper and walker2d, Brax's own SAC (google/brax notebooks/training.ipynb, 128
-# envs, hidden 256; without its reward scaling); halfcheetah, ant and reacher, rejax's tuned
+# of tau x gamma 0.98/0.99 (9288), then 3493 to 8797 on these 4; hidden 128: 3047 to 8896, 21 min;
+# target entropy -4 at gamma 0.995, best of 2 x 2 (9197), then 3805 to 9355: none better). For a
+# GPU, not measured here: hopper and walker2d, Brax's own SAC (google/brax notebooks/training.ipynb,
+# 128 envs, hidden 256; without its reward scaling); halfcheetah, ant and reacher, rejax's tuned
 # configs/brax (128 envs, a gradient step per env step); humanoid, the SAC paper's (Haarnoja et
 # al. 2018: lr 3e-4, batch 256, hidden 256, 10M steps).
 BRAX_GPU = dict(BOX, num_envs=128, num_steps=10, gradient_steps=128, buffer_size=1_048_576,
@@ -532,7 +533,7 @@ class Args(Hyperparams, ExtraFlags):
     save_model: bool = False
     """write the final model of every run to model.msgpack in the run directory"""
     capture_gif: bool = False
-    """after training, draw an episode of the first seed's greedy policy (gymnax's envs)"""
+    """after training, draw an episode of the first seed's greedy policy (gymnax's, Brax's envs)"""
     eval_episodes: int = 64
     """after training, fresh episodes of each run's policy, greedy and exploring (where it acts)"""
     eval_every_segment: bool = False
@@ -607,23 +608,29 @@ def validate(args: Args) -> Args:
                 raise ArgError(f"{flag(name)} must be {rule} (got {x})")
     if args.brax_backend and not args.env_id.startswith("brax/"):
         raise ArgError(f"--brax-backend is for Brax's envs (brax/<name>), not {args.env_id}")
+    if args.capture_gif and sys.platform == "linux":  # before brax loads MuJoCo, which reads it:
+        os.environ.setdefault("MUJOCO_GL", "egl")  # its renderer headless
     try:
         args = resolve(args, *make_env(args))
     except ValueError as e:
         raise ArgError(str(e)) from None
     check_pbt(args)
-    if args.capture_gif:  # gymnax's drawing of the env (classic control's pygame: headless)
+    if args.capture_gif:  # drawn headless: classic control by pygame (Brax's: MUJOCO_GL above)
         for device in ("SDL_VIDEODRIVER", "SDL_AUDIODRIVER"):
             os.environ.setdefault(device, "dummy")
         from gymnax.visualize import Visualizer
-        if ENVS == "own" or args.env_id.startswith("brax/"):
-            raise ArgError(f"--capture-gif draws gymnax's envs (its Visualizer), not {args.env_id}")
-        try:
+        if ENVS == "own":
+            raise ArgError(f"--capture-gif draws gymnax's and Brax's envs, not {args.env_id}")
+        try:  # a first frame, drawn now
             env, env_params = make_env(args)
-            gif = Visualizer(env, env_params, [env.reset(jax.random.PRNGKey(0), env_params)[1]])
-            gif.init()
-            if not hasattr(gif, "im"):
-                raise ValueError("gymnax has no drawing of it")
+            first = [env.reset(jax.random.PRNGKey(0), env_params)[1]]
+            if hasattr(env, "write_gif"):  # a Brax task: MuJoCo's renderer
+                env.write_gif(first, os.devnull)
+            else:
+                gif = Visualizer(env, env_params, first)
+                gif.init()
+                if not hasattr(gif, "im"):
+                    raise ValueError("gymnax has no drawing of it")
         except Exception as e:
             raise ArgError(f"--capture-gif cannot draw {args.env_id} here: "
                            f"{str(e).splitlines()[0]}") from None
@@ -799,6 +806,14 @@ def brax_env(name: str, backend: str) -> tuple:
 
         def observation_space(self, params=None):
             return spaces.Box(-jnp.inf, jnp.inf, (obs_size,), jnp.float32)
+
+        def write_gif(self, states, path):  # (--capture-gif) by MuJoCo's renderer, in real time
+            from brax.io import image
+            from PIL import Image
+            frames = image.render_array(task.sys, [s.brax.pipeline_state for s in states], 240, 320)
+            first, *rest = [Image.fromarray(frame) for frame in frames]
+            first.save(path, format="GIF", save_all=True, append_images=rest, loop=0,
+                       duration=round(1000 * task.dt))
 
     return BraxEnv(), Params()
 
@@ -1474,13 +1489,17 @@ def evaluator(args: Args):
 
 
 def capture_gif(path, args: Args, state):
-    """An episode of the first run's greedy policy, drawn by gymnax's Visualizer."""
+    """An episode of the first run's greedy policy, drawn by gymnax's Visualizer or by Brax's."""
     from gymnax.visualize import Visualizer
     states, rewards, ended = play(args, jax.tree.map(lambda x: x[0], state),
                                   jax.random.PRNGKey(args.seed), 1)  # [:, 0]: greedy
     frames = int(np.argmax(ended[:, 0])) if ended[:, 0].any() else len(ended)  # the episode's steps
     episode = [jax.tree.map(lambda x: x[t, 0], states) for t in range(frames)]
-    Visualizer(*make_env(args), episode, np.cumsum(rewards[:frames, 0])).animate(path)
+    env, env_params = make_env(args)
+    if hasattr(env, "write_gif"):
+        env.write_gif(episode, path)
+    else:
+        Visualizer(env, env_params, episode, np.cumsum(rewards[:frames, 0])).animate(path)
     return path
 
 

@@ -19,6 +19,7 @@ _DEVICES_FLAG = "--xla_force_host_platform_device_count=2"
 if _DEVICES_FLAG not in os.environ.get("XLA_FLAGS", ""):
     os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + _DEVICES_FLAG).strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+os.environ.setdefault("MUJOCO_GL", "egl")  # Brax's drawings headless (read when mujoco loads)
 # pytest-xdist's workers inherit the variable from the controller, so they share its cache.
 if "JAXRL_TEST_CACHE" not in os.environ:
     _CACHE = tempfile.TemporaryDirectory(prefix="jax-cache-")

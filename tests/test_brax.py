@@ -9,6 +9,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from PIL import Image
 
 import ppo
 import ppo_rnn
@@ -115,10 +116,11 @@ def test_ppo_over_two_devices_resumes_bit_for_bit(tmp_path):
 
 
 @pytest.mark.parametrize("module", [vpg, ppo_rnn, sac], ids=lambda m: m.__name__)
-def test_every_continuous_file_trains_on_a_brax_task(module):
+def test_every_continuous_file_trains_on_a_brax_task(module, tmp_path):
     """A short run on brax/inverted_pendulum (ppo.py: the test above), --brax-backend spring:
     its episodes end (the pendulum falls) and are reported, through the runner's whole path; vpg's
-    policy plays the evaluation episodes, greedy and sampled."""
+    policy plays the evaluation episodes, greedy and sampled, and one drawn by MuJoCo (a frame a
+    step of the greedy episode, until the pendulum falls)."""
     small = dict(num_envs=4, hidden_size=8, num_steps=64, total_timesteps=4 * 64 * 2)
     if module is sac:
         small.update(num_steps=16, total_timesteps=4 * 16 * 4, learning_starts=32,
@@ -132,13 +134,20 @@ def test_every_continuous_file_trains_on_a_brax_task(module):
     if module is vpg:
         evals = module.evaluator(args)(state)
         assert all(np.isfinite(v).all() and (v != 0).all() for v in evals.values()), evals
+        gif = module.capture_gif(str(tmp_path / "episode.gif"), args, state)
+        with Image.open(gif) as image:
+            assert 2 <= image.n_frames < 1000 and image.size == (320, 240)
+            frames = []
+            for i in (0, image.n_frames - 1):
+                image.seek(i)
+                frames.append(np.asarray(image.convert("RGB"), np.float32))
+        assert np.abs(frames[0] - frames[1]).mean() > 0.1  # the pendulum moved
 
 
 @pytest.mark.parametrize("script, flags, message", [
     ("ppo.py", ["--env-id", "brax/hoper"], "Brax has no such env; it has "),
     ("pqn.py", ["--env-id", "brax/hopper"], "PQN needs discrete actions"),
     ("ppo.py", ["--brax-backend", "spring"], "--brax-backend is for Brax's envs"),
-    ("ppo.py", ["--env-id", "brax/hopper", "--capture-gif"], "--capture-gif draws gymnax's"),
     ("q_learning.py", ["--env-id", "FrozenLake-misc", "--capture-gif"], "--capture-gif draws"),
 ])
 def test_bad_input_is_one_line_before_compiling(script, flags, message, tmp_path):
