@@ -20,8 +20,8 @@ so when it is unset); it runs in this venv, as its authors run it (purejaxrl_wor
 its requirements.txt, imported by its wrappers.py for a gridworld wrapper alone) replaced by an
 empty stand-in where it is not installed.
 (c) sac.py beside rejax's SAC (rejax 0.1.3, in the peers' environment: benchmarks/peers.py) on
-brax/inverted_double_pendulum, positional backend: sac.py's preset as typed (the (a) row, run once
-for both) and rejax's SAC at the same steps, network, batch and settings (SAC_AS_OURS), 8 seeds in
+brax/inverted_double_pendulum, positional backend: sac.py's preset as typed (its own process, 4
+seeds) and rejax's SAC at the same steps, network, batch and settings (SAC_AS_OURS), 4 seeds in
 one process (pmap over the 2 cores x vmap, bench_sac.py's rejax_worker), an empty compilation
 cache: whole-process seconds and each run's final policy on 64 fresh episodes, greedy (the mean
 action through rejax's tanh) and sampled (rejax's own act). rejax sees Brax through its own wrapper
@@ -47,6 +47,10 @@ import common  # noqa: E402
 import peers  # noqa: E402
 
 BASE, SEEDS_A, SEEDS_B = 5000, 8, 4  # the held-out seed base, as bench_sac.py's
+# (c): rejax's replay draws a batch weighted without replacement over all 200k slots (a Gumbel
+# top-k) each gradient step: 4 seeds x 20k steps ran 83 s (2026-11-28; sac.py's 4 x 200k: ~340 s),
+# so 4 seeds each, not (a)'s 8, keep (c) near 25 minutes.
+SEEDS_C = 4
 QUICK_SEEDS, QUICK_EVAL_EPISODES = 2, 2
 TIMEOUT = 6 * 3600  # a hopper or walker2d row is 8 x 5M Brax steps on 2 cores
 SMALL = ["--num-envs", "64", "--total-timesteps", "2560"]  # --quick for a 2048 x 10 preset
@@ -140,18 +144,12 @@ def last_line(e: Exception) -> str:
 def ours(name: str, flags: list[str]) -> dict:
     """`python algos/<name>.py FLAGS --no-track` in its own process, an empty compilation cache;
     no threshold is claimed for these tasks (np.inf: reach times unused). A failure or timeout
-    comes back as {"error": ...}. Run once per command: (c) reads (a)'s sac.py row."""
-    key = (name, tuple(flags))
-    if key not in OURS:
-        try:
-            with tempfile.TemporaryDirectory() as cache:
-                OURS[key] = common.run_command(name, flags, np.inf, cache, timeout=TIMEOUT)
-        except Exception as e:
-            OURS[key] = {"error": last_line(e)}
-    return OURS[key]
-
-
-OURS = {}  # (file, flags) -> its result
+    comes back as {"error": ...}."""
+    try:
+        with tempfile.TemporaryDirectory() as cache:
+            return common.run_command(name, flags, np.inf, cache, timeout=TIMEOUT)
+    except Exception as e:
+        return {"error": last_line(e)}
 
 
 def command_line(name: str, flags: list[str]) -> str:
@@ -159,11 +157,11 @@ def command_line(name: str, flags: list[str]) -> str:
             "--compile-cache-dir EMPTY_TEMP_DIR")
 
 
-def row_flags(row: str, quick: bool) -> list[str]:
+def row_flags(row: str, quick: bool, seeds: int = SEEDS_A) -> list[str]:
     """The flags of (a)'s row: its preset as typed on the held-out seeds (--quick: tiny)."""
     _, env_id, quick_flags = ROWS[row]
     flags = ["--env-id", env_id, "--seed", str(BASE), "--num-seeds",
-             str(QUICK_SEEDS if quick else SEEDS_A)]
+             str(QUICK_SEEDS if quick else seeds)]
     if quick:
         flags += ["--eval-episodes", str(QUICK_EVAL_EPISODES), *quick_flags]
     return flags
@@ -286,12 +284,12 @@ def part_c(quick: bool, rows: list[str]) -> list[str]:
         print("  brax (c): skipped, rejax not installed", flush=True)
         return [*text, "- skipped: rejax runs in the peers' environment (benchmarks/peers.py: "
                        ".venv-peers or PEERS_PYTHON), which is not there."]
-    table, seeds = [], QUICK_SEEDS if quick else SEEDS_A
+    table, seeds = [], QUICK_SEEDS if quick else SEEDS_C
     episodes = QUICK_EVAL_EPISODES if quick else 64
     settings = {**SAC_AS_OURS, **(QUICK_SAC if quick else {})}
     for row in rows:
         name, env_id, _ = ROWS[REJAX_ROWS[row]]
-        r = ours(name, row_flags(REJAX_ROWS[row], quick))  # (a)'s row: run once for both
+        r = ours(name, row_flags(REJAX_ROWS[row], quick, SEEDS_C))
         steps = r.get("total_timesteps", 0)
         call = (f"`jax.pmap(jax.vmap(get_algo('sac').create(env={env_id}, **settings).train))` "
                 f"over {seeds} keys of PRNGKey({BASE})")
@@ -324,7 +322,7 @@ def part_c(quick: bool, rows: list[str]) -> list[str]:
                "whole process s (compile + training run)", "evaluation, greedy", "worst seed",
                "evaluation, sampled", "worst seed"]
     return [*text,
-            "Both: the positional backend, sac.py's preset as typed (the (a) row's process); "
+            "Both: the positional backend, sac.py's preset as typed; "
             "rejax's SAC (0.1.3, in the peers' environment, through bench_sac.py's worker) with "
             "the same settings (" + ", ".join(f"{k}={v}" for k, v in settings.items())
             + "; rejax's defaults otherwise: no gradient clipping, no observation or reward "
