@@ -174,7 +174,8 @@ def run_worker(script: Path, config: dict, timeout: float = 3600, env: dict | No
     )
     wall = time.perf_counter() - t0
     if proc.returncode != 0:
-        raise RuntimeError(f"{script.name} worker {config} failed:\n{proc.stderr[-3000:]}")
+        raise RuntimeError(f"{script.name} worker {config} failed:\n{proc.stderr[-3000:]}\n"
+                           f"exit status {proc.returncode}")  # (negative: killed by that signal)
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     result.setdefault("process_s", wall)
     result["launched_at"] = launched_at
