@@ -20,9 +20,9 @@ so when it is unset); it runs in this venv, as its authors run it (purejaxrl_wor
 its requirements.txt, imported by its wrappers.py for a gridworld wrapper alone) replaced by an
 empty stand-in where it is not installed.
 (c) sac.py beside rejax's SAC (rejax 0.1.3, in the peers' environment: benchmarks/peers.py) on
-brax/inverted_double_pendulum, positional backend: sac.py's preset as typed (its own process, 4
-seeds) and rejax's SAC at the same steps, network, batch and settings (SAC_AS_OURS), 4 seeds in
-one process (pmap over the 2 cores x vmap, bench_sac.py's rejax_worker), an empty compilation
+brax/inverted_double_pendulum, positional backend: sac.py's preset as typed (its own process, 2
+seeds: SEEDS_C) and rejax's SAC at the same steps, network, batch and settings (SAC_AS_OURS), 2
+seeds in one process (pmap over the 2 cores, bench_sac.py's rejax_worker), an empty compilation
 cache: whole-process seconds and each run's final policy on 64 fresh episodes, greedy (the mean
 action through rejax's tanh) and sampled (rejax's own act). rejax sees Brax through its own wrapper
 (rejax.compat), whose `done` includes the 1000-step limit (no bootstrap there), as under the gymnax
@@ -48,9 +48,10 @@ import peers  # noqa: E402
 
 BASE, SEEDS_A, SEEDS_B = 5000, 8, 4  # the held-out seed base, as bench_sac.py's
 # (c): rejax's replay draws a batch weighted without replacement over all 200k slots (a Gumbel
-# top-k) each gradient step: 4 seeds x 20k steps ran 83 s (2026-11-28; sac.py's 4 x 200k: ~340 s),
-# so 4 seeds each, not (a)'s 8, keep (c) near 25 minutes.
-SEEDS_C = 4
+# top-k) each gradient step: 4 seeds x 20k steps ran 83 s (2026-11-28; sac.py's 4 x 200k: ~340 s);
+# and with 2 seeds a core its memory grew ~27 MB a second of run, killed for memory before 200k
+# steps on 24 GiB (2026-11-28), where one seed a core held 1.4 GB (585 s a process): 2 seeds each.
+SEEDS_C = 2
 QUICK_SEEDS, QUICK_EVAL_EPISODES = 2, 2
 TIMEOUT = 6 * 3600  # a hopper or walker2d row is 8 x 5M Brax steps on 2 cores
 SMALL = ["--num-envs", "64", "--total-timesteps", "2560"]  # --quick for a 2048 x 10 preset
