@@ -390,7 +390,9 @@ BOX = dict(total_timesteps=100_000, num_envs=1, num_steps=100, gradient_steps=1,
 # (inverted_double_pendulum as typed, 2026-11-28: greedy 3008 to 6649 on 4 seeds, 9,000 the aim,
 # random 494; 7 min a process alone; lr 3e-4, 5e-4: greedy 4830, 5424; tau 0.02, best on 2 seeds
 # of tau x gamma 0.98/0.99 (9288), then 3493 to 8797 on these 4; hidden 128: 3047 to 8896, 21 min;
-# target entropy -4 at gamma 0.995, best of 2 x 2 (9197), then 3805 to 9355: none better). For a
+# target entropy -4 at gamma 0.995, best of 2 x 2 (9197), then 3805 to 9355; 2026-11-29: lr
+# annealed to 0, 5154 to 9242; batch 128 x 2 gradient steps, 4376 to 9355: none all >= 9000. The
+# failing seeds' greedy cart drifts to its rail's end, x = -1, where the poles fall.) For a
 # GPU, not measured here: hopper and walker2d, Brax's own SAC (google/brax notebooks/training.ipynb,
 # 128 envs, hidden 256; without its reward scaling); halfcheetah, ant and reacher, rejax's tuned
 # configs/brax (128 envs, a gradient step per env step); humanoid, the SAC paper's (Haarnoja et
