@@ -1584,8 +1584,8 @@ def main():
             args.log_dir, f"{args.env_id.replace('/', '-')}__{args.exp_name}__{args.seed}__"
             f"{int(time.time())}")  # (brax/hopper: brax-hopper, one folder)
         is_lead = jax.process_index() == 0  # --distributed: process 0 alone writes and prints
-        if is_lead and not args.load_model:
-            os.makedirs(run_dir, exist_ok=True)  # before anything compiles: --log-dir must work
+        if is_lead and not args.load_model:  # before anything compiles: --log-dir must work,
+            os.makedirs(run_dir, exist_ok=bool(args.resume))  # and be no other run's (exit 2)
     except (ArgError, OSError) as e:  # (an OSError: --log-dir cannot be made)
         print(f"error: {'' if isinstance(e, ArgError) else '--log-dir: '}{e}", file=sys.stderr)
         sys.exit(2)

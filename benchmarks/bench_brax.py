@@ -337,7 +337,9 @@ def part_c(quick: bool, rows: list[str]) -> list[str]:
             "limit with the same `done` as the task's end, so its critics' target does not "
             f"bootstrap there (sac.py's does); its first {settings['fill_buffer']:,} steps act "
             "by its initial policy (sac.py's uniformly at random); it clips the policy's log "
-            "std to [-10, 2] (sac.py: a tanh into [-5, 2]); its replay draws are weighted "
+            "std to [-10, 2] (sac.py: a tanh into [-5, 2]); it steps the policy before the "
+            "critics, whose target then takes the stepped policy's actions (sac.py: one step of "
+            "the three from the same parameters); its replay draws are weighted "
             "without replacement over the buffer (sac.py's uniform); its log-probability leaves "
             "out the action scale's log-determinant (0 here: Brax's actions are in [-1, 1])."]
 

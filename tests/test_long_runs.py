@@ -311,6 +311,18 @@ def test_bad_resume_and_log_dir_are_one_line_exit_2(checkpointed, tmp_path):
     assert_usage_error("ppo.py", ["--log-dir", tmp_path / "file" / "runs"], "--log-dir", tmp_path)
 
 
+def test_a_run_never_shares_its_folder(tmp_path):
+    """Two runs of one env and seed started in the same second name the same folder: the second
+    is refused in one line, not written beside the first (their event files mixed, the first's
+    checkpoint overwritten, and a failure of either removing the folder of both)."""
+    taken = tmp_path / "taken" / "CartPole-v1__ppo__1__1800000000"
+    taken.mkdir(parents=True)
+    (taken / "keep").write_text("the first run's")
+    with mock.patch("time.time", return_value=1_800_000_000.5):
+        assert_usage_error("ppo.py", ["--log-dir", taken.parent], "File exists", tmp_path)
+    assert [p.name for p in taken.iterdir()] == ["keep"]
+
+
 def test_resume_keeps_the_layout_of_the_run(tmp_path):
     """A checkpoint holds the devices its run spans; --resume takes that layout again, and where
     the machine has fewer devices it is refused in one line (--devices-per-run typed chooses)."""
