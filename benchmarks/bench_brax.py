@@ -3,7 +3,12 @@ held-out seeds, ppo.py beside PureJaxRL's ppo_continuous_action.py on hopper, an
 rejax's SAC on inverted_double_pendulum.
 
     python benchmarks/bench_brax.py [--quick] [--rows ROW,...]   # writes results/BRAX.md
+    python benchmarks/bench_brax.py --rows ROW,... --append      # adds a section to it
     python benchmarks/run.py --only brax                         # the same, through run.py
+
+Each invocation's section names its date, commit, machine and load: --append adds one below the
+sections already there (a row that takes an hour need not wait for the whole table again), which
+stand as they were measured.
 
 (a) Each row of ROWS as typed, `--seed 5000 --num-seeds 8` (held-out seeds, as bench_sac.py), one
 process per row with an empty compilation cache (common.run_command): the final training return
@@ -344,17 +349,23 @@ def part_c(quick: bool, rows: list[str]) -> list[str]:
             "out the action scale's log-determinant (0 here: Brax's actions are in [-1, 1])."]
 
 
-def run(quick: bool = False, rows: list[str] | None = None) -> str:
+def run(quick: bool = False, rows: list[str] | None = None, added: bool = False) -> str:
+    """This invocation's section of BRAX.md (added: below the sections of earlier ones)."""
     rows = list(DEFAULT_ROWS if rows is None else rows)
-    load_start = common.load_average()
+    load_start, started = common.load_average(), time.strftime("%Y-%m-%d %H:%M %Z")
     text = [*part_a(quick, [r for r in rows if r in ROWS]),
             *part_b(quick, [r for r in rows if r in PEER_ROWS]),
             *part_c(quick, [r for r in rows if r in REJAX_ROWS])]
     named = "" if rows == list(DEFAULT_ROWS) else f" --rows {','.join(rows)}"
+    title = (f"Brax, added by a later invocation: {', '.join(rows)}" if added else
+             "Brax: the CPU-sized presets, ppo.py beside PureJaxRL, sac.py beside rejax")
     return "\n\n".join([
-        "## Brax: the CPU-sized presets, ppo.py beside PureJaxRL, sac.py beside rejax",
+        f"## {title}", *([common.machine_header()] if added else []),
         "benchmarks/bench_brax.py (`python benchmarks/bench_brax.py" + (" --quick" if quick else "")
-        + named + "`, or `python benchmarks/run.py --only brax`). Load average (1, 5, 15 min) "
+        + named + (" --append" if added else "") + "`" + ("" if added else
+                                                          ", or `python benchmarks/run.py --only "
+                                                          "brax`")
+        + f"), started {started}, commit {common.code_version()}. Load average (1, 5, 15 min) "
         f"at the start: {load_start}" + (". Quick: tiny budgets, the pipeline, not the "
                                           "algorithms." if quick else "."),
         *text, f"Load average at the end: {common.load_average()}."])
@@ -367,12 +378,19 @@ if __name__ == "__main__":
                             help="2 seeds, tiny budgets (2048-env presets: 64 envs): the pipeline")
         parser.add_argument("--rows", default=",".join(DEFAULT_ROWS),
                             help=f"comma list out of {','.join([*ROWS, *PEER_ROWS, *REJAX_ROWS])}")
+        parser.add_argument("--append", action="store_true",
+                            help="add this invocation's section below BRAX.md's (else: rewrite it)")
         opts = parser.parse_args()
         chosen = [r.strip() for r in opts.rows.split(",") if r.strip()]
         if unknown := sorted(set(chosen) - set(ROWS) - set(PEER_ROWS) - set(REJAX_ROWS)):
             parser.error(f"--rows: unknown {', '.join(unknown)} "
                          f"(choose from {', '.join([*ROWS, *PEER_ROWS, *REJAX_ROWS])})")
-        report = common.machine_header() + "\n\n" + run(opts.quick, chosen)
+        path = common.RESULTS / "BRAX.md"
+        if opts.append and not path.exists():
+            parser.error(f"--append: there is no {path} to add to")
+        before = path.read_text().rstrip("\n") + "\n\n" if opts.append else ""
+        report = (before if opts.append else common.machine_header() + "\n\n") + run(
+            opts.quick, chosen, added=opts.append)
         common.RESULTS.mkdir(parents=True, exist_ok=True)
-        (common.RESULTS / "BRAX.md").write_text(report + "\n")
-        print(report)
+        path.write_text(report + "\n")
+        print(report[len(before):])

@@ -65,6 +65,15 @@ def machine_header() -> str:
     )
 
 
+def code_version() -> str:
+    """The commit the numbers come from, "+ uncommitted changes" where the tree differs from it."""
+    def git(*words):
+        return subprocess.run(["git", *words], cwd=ROOT, capture_output=True, text=True).stdout
+    commit = git("rev-parse", "--short", "HEAD").strip() or "unknown (not a git checkout)"
+    return commit + (" + uncommitted changes" if git("status", "--porcelain", "--", "algos",
+                                                      "benchmarks", "requirements.txt") else "")
+
+
 def load_average() -> str:
     """The 1, 5 and 15 minute load averages: a number above ~0.3 means something else ran."""
     return " ".join(f"{x:.2f}" for x in os.getloadavg())
