@@ -617,6 +617,9 @@ def validate(args: Args) -> Args:
         for x in getattr(args, name) or ():
             if not holds(x):
                 raise ArgError(f"{flag(name)} must be {rule} (got {x})")
+        named = [f"{x:g}" for x in getattr(args, name) or ()]  # as its configurations' folders
+        if len(set(named)) < len(named):
+            raise ArgError(f"{flag(name)} names a value twice (to 6 digits): {' '.join(named)}")
     if args.brax_backend and not args.env_id.startswith("brax/"):
         raise ArgError(f"--brax-backend is for Brax's envs (brax/<name>), not {args.env_id}")
     if args.capture_gif and sys.platform == "linux":  # before brax loads MuJoCo, which reads it:
@@ -667,7 +670,7 @@ def check_pbt(args: Args):
     for name, (rule, holds) in rules.items():
         if not holds(getattr(args, name)):
             raise ArgError(f"{flag(name)} must be {rule} (got {getattr(args, name)})")
-    if args.pbt and len(grid(args)) * args.num_seeds < 2:
+    if args.pbt and not args.load_model and len(grid(args)) * args.num_seeds < 2:
         raise ArgError("--pbt needs a population of 2 runs or more (configurations x seeds)")
 
 
@@ -1169,9 +1172,15 @@ def run(args: Args, num_devices: Optional[int] = None):
 
 # ------------------------------------ output: progress, statistics, summary, tensorboard events
 def final_returns(metrics, fraction=0.05):
-    """Per run: mean episode_return over the last `fraction` of updates (NaNs ignored)."""
+    """Per run: mean episode_return over the last `fraction` of updates (NaNs ignored); where no
+    episode ended in them (Brax's 1000-step episodes all cut at once, none falling), the last
+    update's in which some did; NaN if none ever did."""
     returns = np.asarray(metrics["episode_return"])
-    return np.nanmean(returns[..., -max(1, round(returns.shape[-1] * fraction)):], axis=-1)
+    window = returns[..., -max(1, round(returns.shape[-1] * fraction)):]
+    ended = np.isfinite(window).any(-1)
+    mean = np.nanmean(np.where(ended[..., None], window, 0.0), axis=-1)  # (0: not taken below)
+    last = returns.shape[-1] - 1 - np.argmax(np.isfinite(returns)[..., ::-1], axis=-1)
+    return np.where(ended, mean, np.take_along_axis(returns, last[..., None], -1)[..., 0])
 
 
 def progress(args: Args, metrics, timing) -> str:
@@ -1365,16 +1374,19 @@ class Tensorboard:
 def write_atomic(path, data: bytes):
     """Write beside `path`, then rename: a reader, or a crash, sees the old file or the new one;
     a failed write leaves no temporary file and names `path`. Mode: as open() gives (umask)."""
-    with tempfile.NamedTemporaryFile(dir=os.path.dirname(path), delete=False) as f:
-        try:
+    temporary = None
+    try:
+        with tempfile.NamedTemporaryFile(dir=os.path.dirname(path), delete=False) as f:
+            temporary = f.name
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
             os.chmod(f.name, 0o666 & ~UMASK)  # not the temporary file's 0600
-        except OSError as e:
-            os.unlink(f.name)
-            raise OSError(e.errno, e.strerror, path) from None
-    os.replace(f.name, path)
+        os.replace(temporary, path)
+    except OSError as e:
+        if temporary and os.path.exists(temporary):
+            os.unlink(temporary)
+        raise OSError(e.errno, e.strerror, path) from None
 
 
 UMASK = os.umask(0o022)  # read (and put back) once
@@ -1428,7 +1440,8 @@ def read_saved(args: Args, argv) -> tuple:
     if set(flags) != ours:
         raise ArgError(f"{name} {path}: written by {saved['file']}, whose flags differ from this "
                        f"file's ({', '.join(sorted(set(flags) ^ ours))})")
-    typed = {a.split("=")[0] for a in argv}
+    typed = {a.split("=")[0].replace("_", "-") for a in argv}  # tyro's --flag_name too,
+    typed |= {"--" + a[len("--no-"):] for a in typed if a.startswith("--no-")}  # and --no-flag
     for k, v in flags.items():
         differs = json.loads(json.dumps(getattr(args, k))) != v  # (tuples as JSON's lists)
         if k not in RESUME_MAY_CHANGE and flag(k) in typed and differs:
@@ -1566,12 +1579,13 @@ def train_and_write(args: Args, checkpoint, run_dir, is_lead: bool):
         if events:
             speed = [timing["sps"]] * len(metrics["env_steps"])
             events.write(metrics, {"charts/SPS": speed, **evals})
-        # Every process stops after the same segment (others would wait), decided before its line
+        # Every process stops after the same segment (others would wait), decided before its
+        # line; but for the last: the run then finishes (its evaluation, files; none to resume)
         stop = multihost_utils.process_allgather(np.int32(STOP[0] if STOP else 0))
         if is_lead:
             write_checkpoint(run_dir, args, state, metrics, timing["num_updates"], timing["span"])
             print(progress(args, metrics, timing), flush=True)
-        if stop.any():
+        if stop.any() and metrics["env_steps"].shape[1] < timing["num_updates"]:
             if is_lead:
                 print(f"stopped with a checkpoint; continue with: python {sys.argv[0]} --resume "
                       f"{run_dir}", flush=True)
@@ -1621,7 +1635,8 @@ def main():
             args, saved = read_saved(args, sys.argv[1:])
         args = validate(args)
         start_processes(args)
-        layout(args)  # runs and envs that do not split over the devices: one line, now
+        if not args.load_model:  # runs and envs that do not split over the devices: one
+            layout(args)  # line, now (a saved model plays on any devices)
         run_dir = args.resume or os.path.join(
             args.log_dir, f"{args.env_id.replace('/', '-')}__{args.exp_name}__{args.seed}__"
             f"{int(time.time())}")  # (brax/hopper: brax-hopper, one folder)
@@ -1650,7 +1665,7 @@ def main():
                 print(f"{k} per seed ({args.eval_episodes} episodes): "
                       + " ".join(f"{x:.4g}" for x in v))
     except ArgError as e:  # the memory check, or a checkpoint this file cannot continue
-        if is_lead and not args.resume:
+        if is_lead and not (args.resume or args.load_model):  # the folder this run made
             shutil.rmtree(run_dir, ignore_errors=True)
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)

@@ -1,6 +1,8 @@
 """Evaluation (the runner's, shown on ppo.py): after training, each run's final policy plays
 --eval-episodes fresh episodes, greedy and sampled; --load-model plays a saved model again."""
 import dataclasses
+import sys
+from unittest import mock
 
 import flax.serialization
 import jax
@@ -102,7 +104,7 @@ def test_every_segment_and_a_saved_model_played_back_exactly(tmp_path, capsys):
                        "not a usable file", tmp_path)
 
 
-def test_a_model_that_does_not_fit_is_refused(tmp_path):
+def test_a_model_that_does_not_fit_is_refused(tmp_path, capsys):
     """A model whose network is not the one its flags build (edited after saving) is refused."""
     args = ppo.validate(ppo.Args(num_seeds=1, **TINY))
     hp = {k: np.float32([v]) for k, v in ppo.grid(args)[0].items()}
@@ -112,6 +114,30 @@ def test_a_model_that_does_not_fit_is_refused(tmp_path):
     saved["params"]["params"]["actor"]["layers_0"]["kernel"] = np.zeros((1, 4, 17), np.float32)
     with pytest.raises(ppo.ArgError, match="does not fit"):
         ppo.load_model(dataclasses.replace(args, load_model=path), saved)
+    # From the command line: one line, and no folder removed (a run's of the same second, which
+    # a failed training run removes as its own: --load-model makes none)
+    edited = tmp_path / "edited.msgpack"
+    edited.write_bytes(flax.serialization.msgpack_serialize(saved))
+    other = tmp_path / "runs" / "CartPole-v1__ppo__1__1800000000"
+    other.mkdir(parents=True)
+    with mock.patch("time.time", return_value=1_800_000_000.5), \
+            mock.patch.object(sys, "argv", ["ppo.py", "--load-model", str(edited), "--log-dir",
+                                            str(tmp_path / "runs")]), \
+            pytest.raises(SystemExit) as exit_info:
+        ppo.main()
+    assert exit_info.value.code == 2 and "does not fit" in capsys.readouterr().err
+    assert other.is_dir()
+
+
+def test_a_model_plays_on_fewer_devices_than_it_trained_on(tmp_path, capsys):
+    """A model saved by a run over more devices than this process has (--devices-per-run 3 here,
+    on 2) plays: playing takes no layout of runs over devices."""
+    args = ppo.validate(ppo.Args(num_seeds=1, devices_per_run=3, **TINY))
+    hp = {k: np.float32([v]) for k, v in ppo.grid(args)[0].items()}
+    state = jax.vmap(make_train(ppo, args).init)(jax.random.PRNGKey(0)[None], hp)
+    path = ppo.save_model(str(tmp_path), args, state)
+    out = run_main(ppo, ["--load-model", path, "--eval-episodes", 2], capsys)
+    assert "eval/episodic_return_greedy per seed (2 episodes): " in out
 
 
 def test_q_learning_has_no_policy_to_play_but_plays_its_pictures(tmp_path, capsys):

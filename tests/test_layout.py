@@ -27,9 +27,12 @@ FENCE = re.compile(r"^# =+ runner$", re.M)
 # a file 1669, asked for in issue 52's, 51's and 53's notes: a Shard for runs over several devices
 # (60 lines), Brax's tasks behind gymnax's interface (83; their GIF by MuJoCo's renderer, 17 more)
 # and issue 53's PBT (109: a schedule in env steps, fitness over episodes, resampling, reports of
-# final values) beside the runner's 935.
+# final values) beside the runner's 935; and 15 asked for in 51's ninth-session note: seven bugs
+# fixed (a signal in the last segment, flags typed as --no-x or --x_y on --resume, a value swept
+# twice, a final return of NaN where no episode ended at the end, --load-model's layout,
+# folder and --pbt check, write_atomic's temporary file).
 ABOVE = {"ppo": 473, "vpg": 460, "q_learning": 460, "pqn": 460, "ppo_rnn": 468, "sac": 460}
-RUNNER_LINES, FILE_LINES, MAKE_TRAIN_LINES = 1196, 1669, 120
+RUNNER_LINES, FILE_LINES, MAKE_TRAIN_LINES = 1211, 1684, 120
 MODULES = {"ppo": ppo, "vpg": vpg, "q_learning": ql, "pqn": pqn, "ppo_rnn": ppo_rnn, "sac": sac}
 
 

@@ -151,6 +151,16 @@ def test_a_signal_stops_after_the_segment_and_resumes(module, sig, code, tmp_pat
     assert_same_as_uninterrupted(module, run_dir, proc.stdout, reference)
 
 
+def test_a_signal_in_the_last_segment_lets_the_run_finish(tmp_path, reference):
+    """SIGTERM once the last segment runs (after the 9th of 10 progress lines): its checkpoint
+    would hold every update, which --resume refuses as finished, so the run finishes instead,
+    exit 0: its models, summary and events those of the uninterrupted run."""
+    returncode, out, err = start_then_signal(ql, tmp_path, signal.SIGTERM, after=9)
+    (run_dir,) = tmp_path.iterdir()
+    assert returncode == 0 and "continue with" not in out, (returncode, out, err[-3000:])
+    assert_same_as_uninterrupted(ql, run_dir, out, reference)
+
+
 def test_a_second_signal_stops_at_once(tmp_path):
     """Ctrl-C, then Ctrl-C again while the segment runs (segments of a few seconds here): the
     default handler is back, the process dies of the signal at once, with no checkpoint after the
@@ -301,14 +311,30 @@ def test_bad_resume_and_log_dir_are_one_line_exit_2(checkpointed, tmp_path):
     data = (truncated / "checkpoint.msgpack").read_bytes()
     (truncated / "checkpoint.msgpack").write_bytes(data[: len(data) // 2])
     assert_usage_error("ppo.py", ["--resume", truncated], "--resume", tmp_path)
-    assert_usage_error("ppo.py", ["--resume", run_dir, "--learning-rate", "0.01"],
-                       "--learning-rate", tmp_path)
+    # however tyro lets it be typed: --flag_name, --no-flag
+    for typed, name in ((["--learning-rate", "0.01"], "--learning-rate"),
+                        (["--learning_rate", "0.01"], "--learning-rate"),
+                        (["--no-anneal-lr"], "--anneal-lr")):
+        assert_usage_error("ppo.py", ["--resume", run_dir, *typed], name, tmp_path)
     # The flags of the run itself, and those that do not change the computation, are fine, but
     # this run is finished.
     assert_usage_error("ppo.py", ["--resume", run_dir, *fields, "--track", "--save-model"],
                        "that run is finished", tmp_path)
     (tmp_path / "file").write_text("")
     assert_usage_error("ppo.py", ["--log-dir", tmp_path / "file" / "runs"], "--log-dir", tmp_path)
+
+
+def test_flags_typed_anew_on_resume_in_every_spelling(tmp_path):
+    """A flag that does not change the computation, typed beside --resume, wins over the saved
+    value whichever way tyro takes it: --no-track, --no_track, --eval_episodes 3."""
+    args = ppo.validate(ppo.Args(**TINY))  # track=False
+    ppo.write_checkpoint(str(tmp_path), dataclasses.replace(args, track=True), {},
+                         {"env_steps": np.zeros((2, 1), np.int32)}, 53)
+    for typed, track, episodes in ((["--no-track"], False, 64), (["--no_track"], False, 64),
+                                   (["--eval_episodes", "3"], True, 3)):
+        argv = ["--resume", str(tmp_path), *typed]
+        resumed, _ = ppo.read_saved(ppo.parse(argv), argv)
+        assert (resumed.track, resumed.eval_episodes) == (track, episodes), typed
 
 
 def test_a_run_never_shares_its_folder(tmp_path):
@@ -321,6 +347,20 @@ def test_a_run_never_shares_its_folder(tmp_path):
     with mock.patch("time.time", return_value=1_800_000_000.5):
         assert_usage_error("ppo.py", ["--log-dir", taken.parent], "File exists", tmp_path)
     assert [p.name for p in taken.iterdir()] == ["keep"]
+
+
+def test_a_failed_write_names_its_file_and_leaves_no_temporary_one(tmp_path):
+    """write_atomic's error names the file it writes, not its temporary one, wherever it fails
+    (making the temporary file, writing it, renaming it), and leaves nothing behind."""
+    path = str(tmp_path / "checkpoint.msgpack")
+    failures = [mock.patch("tempfile.NamedTemporaryFile", side_effect=OSError(
+                    errno.EDQUOT, os.strerror(errno.EDQUOT), str(tmp_path / "tmpabc"))),
+                mock.patch("os.fsync", side_effect=OSError(errno.ENOSPC, "No space")),
+                mock.patch("os.replace", side_effect=OSError(errno.EXDEV, "Cross-device"))]
+    for failure in failures:
+        with failure, pytest.raises(OSError) as raised:
+            ppo.write_atomic(path, b"data")
+        assert raised.value.filename == path and not list(tmp_path.iterdir())
 
 
 def test_resume_keeps_the_layout_of_the_run(tmp_path):

@@ -382,6 +382,17 @@ def test_a_pbt_run_prints_every_member_and_records_its_final_values(tmp_path, ca
         assert np.isclose(final[config, f"seed_{int(run) % 2}"], float(rate), rtol=1e-3)
 
 
+def test_a_member_of_one_seed_plays_back(tmp_path, capsys):
+    """A --pbt sweep of one seed a configuration saves each configuration's model with --pbt and
+    one seed: --load-model plays it (a population of one is refused for training alone)."""
+    run_main(ql, ["--learning-rate", 0.1, 0.5, "--num-seeds", 1, "--pbt", "--num-agents", 64,
+                  "--num-steps", 1000, "--total-timesteps", 20_000, "--save-model",
+                  "--no-track", "--log-dir", tmp_path], capsys)
+    (run_dir,) = tmp_path.iterdir()
+    model = run_dir / "learning_rate=0.1" / "model.msgpack"
+    assert f"1 seeds of {model}" in run_main(ql, ["--load-model", model], capsys)
+
+
 @pytest.mark.parametrize("flags, flag", [
     (["--pbt", "--num-seeds", 1], "--pbt"),  # a population of one
     (["--pbt", "--num-seeds", 4, "--pbt-fraction", 0.6], "--pbt-fraction"),

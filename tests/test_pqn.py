@@ -1,12 +1,13 @@
-"""PQN: Q(lambda) targets against a plain float64 loop, one-step TD at lambda 0, the epsilon
-schedule (alone and as the updates carry it), and CartPole-v1 learnt as typed."""
+"""PQN: Q(lambda) targets against a plain float64 loop, one-step TD at lambda 0, their inputs
+bootstrapping through truncation, the epsilon schedule (alone and as the updates carry it), and
+CartPole-v1 learnt as typed."""
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 import pqn
-from conftest import make_train
+from conftest import assert_truncation_bootstraps_from_final_observation, make_train
 
 
 def test_learns_cartpole_as_typed():
@@ -104,3 +105,36 @@ def test_epsilon_schedule():
     runner, _ = update(hp, train.init(jax.random.PRNGKey(0), hp))
     _, metrics = update(hp | {"start_e": jnp.float32(0.5)}, runner)
     assert float(metrics["stats/epsilon"]) == pytest.approx(0.5 + 32 / 160 * (0.3 - 0.5))
+
+
+def test_truncation_bootstraps_from_the_final_observation(monkeypatch):
+    """The M_t of the targets (next_q_max) is max_a Q of the observation step t led to before the
+    auto-reset: on an ordinary step the next step's (max Q of its observation, by the rollout's
+    parameters), on a truncated one (CartPole-v1 cut at 5 steps, which it cannot end sooner)
+    that of its final observation, not of the reset one (conftest's check, max Q for V)."""
+    args = pqn.validate(pqn.Args(num_envs=8, num_steps=32, num_minibatches=2, update_epochs=1,
+                                 hidden_size=16, total_timesteps=8 * 32, track=False))
+    env, env_params = pqn.make_env(args)
+    train = pqn.make_train(args, env, env_params.replace(max_steps_in_episode=5), pqn.Shard())
+    targets_inputs, batches = [], []
+    targets, minibatches = pqn.q_lambda_targets, pqn.Shard.minibatches
+
+    def recording_targets(*inputs):  # (rewards, next_q_max, terminated, truncated, ...)
+        targets_inputs.append(inputs[:4])
+        return targets(*inputs)
+
+    def recording_minibatches(shard, key, batch, count):  # batch: (obs [T, N, ...], ...)
+        jax.debug.callback(lambda obs: batches.append(np.asarray(obs)), batch[0])
+        return minibatches(shard, key, batch, count)
+
+    monkeypatch.setattr(pqn, "q_lambda_targets", recording_targets)
+    monkeypatch.setattr(pqn.Shard, "minibatches", recording_minibatches)
+    hp = {k: jnp.float32(getattr(args, k)[0]) for k in pqn.HPARAMS}
+    runner = train.init(jax.random.PRNGKey(0), hp)
+    train.update(hp, runner)  # not jitted: the targets' inputs are the rollout's arrays
+    rewards, next_q_max, terminated, truncated = (np.asarray(x, np.float64)
+                                                  for x in targets_inputs[0])
+    network = pqn.QNetwork(env.action_space(env_params).n, args.hidden_size, args.network)
+    q_max = np.asarray(network.apply(runner.params, batches[0]).max(-1), np.float64)
+    assert_truncation_bootstraps_from_final_observation(
+        [(rewards, q_max, next_q_max, terminated, truncated)])

@@ -1,6 +1,7 @@
 """Hyperparameter sweeps (ppo.py, vpg.py): every combination of the float flags' values trains in
 one compiled program, and configuration k of a sweep computes what a single run of k computes."""
 import dataclasses
+import warnings
 
 import numpy as np
 import pytest
@@ -56,12 +57,29 @@ def test_summary_rows_best_first():
     assert rows[0][2].startswith("85 [80, 90]") and rows[0][4] == "80"
 
 
+def test_final_return_is_the_last_episodes_where_none_ended_at_the_end():
+    """A run's final return: the mean over the last 5% of updates (here the last 2 of 40) of
+    those that ended episodes; where none did (a Brax task whose 1000-step episodes are all cut
+    at once, none falling), the last update's that did; NaN where no episode ever ended. No
+    warning either way."""
+    returns = np.full((3, 40), np.nan)
+    returns[0, [10, 38]] = 5.0, 7.0  # one update of the window
+    returns[1, [9, 19, 29]] = 1.0, 2.0, 3.0  # none in the window
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        finals = ppo.final_returns({"episode_return": returns})
+    np.testing.assert_array_equal(finals, [7.0, 3.0, np.nan])
+
+
 @pytest.mark.parametrize("script, flags, flag", [
     ("ppo.py", ["--num-envs", "4", "8"], "--num-envs"),
     ("ppo.py", ["--update-epochs", "2", "4"], "--update-epochs"),
     ("vpg.py", ["--total-timesteps", "1000", "2000"], "--total-timesteps"),
     ("ppo.py", ["--learning-rate", "1e-3", "-1e-3"], "--learning-rate"),
     ("vpg.py", ["--gamma", "0.9", "1.5"], "--gamma"),
+    # one configuration twice (its folder, events and model would be shared)
+    ("ppo.py", ["--learning-rate", "2.5e-3", "1e-3", "0.0025"], "--learning-rate"),
+    ("sac.py", ["--gamma", "0.99", "0.9900000001"], "--gamma"),
 ])
 def test_one_value_flags_refused_before_compiling(script, flags, flag, tmp_path):
     assert_usage_error(script, flags, flag, tmp_path)
