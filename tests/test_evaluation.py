@@ -39,14 +39,19 @@ def cartpole_random_returns(episodes, rng):
     return returns
 
 
+def initial_state(args):
+    """The state init gives one run of args (its one seed, leaves [1, ...]), as the runner's."""
+    hp = {k: np.float32([v]) for k, v in ppo.grid(args)[0].items()}
+    return jax.vmap(make_train(ppo, args).init)(jax.random.PRNGKey(0)[None], hp)
+
+
 def test_a_uniform_policy_scores_what_a_numpy_rollout_of_it_scores():
     """A policy whose logits are all 0 (the actor's last layer zeroed) samples actions uniformly:
     its sampled evaluation over 2000 episodes matches 20000 numpy episodes of random actions
     within 4 standard errors (about 22 steps an episode, std 12); its greedy one always pushes
     left, which ends every episode within a few tens of steps."""
     args = ppo.validate(ppo.Args(num_seeds=1, eval_episodes=2000, **TINY))
-    hp = {k: np.float32([v]) for k, v in ppo.grid(args)[0].items()}
-    state = jax.vmap(make_train(ppo, args).init)(jax.random.PRNGKey(0)[None], hp)
+    state = initial_state(args)
     last = state.params["params"]["actor"]["layers_4"]
     last.update(jax.tree.map(np.zeros_like, last))
     evals = ppo.evaluator(args)(state)
@@ -107,8 +112,7 @@ def test_every_segment_and_a_saved_model_played_back_exactly(tmp_path, capsys):
 def test_a_model_that_does_not_fit_is_refused(tmp_path, capsys):
     """A model whose network is not the one its flags build (edited after saving) is refused."""
     args = ppo.validate(ppo.Args(num_seeds=1, **TINY))
-    hp = {k: np.float32([v]) for k, v in ppo.grid(args)[0].items()}
-    state = jax.vmap(make_train(ppo, args).init)(jax.random.PRNGKey(0)[None], hp)
+    state = initial_state(args)
     path = ppo.save_model(str(tmp_path), args, state)
     saved = flax.serialization.msgpack_restore(open(path, "rb").read())
     saved["params"]["params"]["actor"]["layers_0"]["kernel"] = np.zeros((1, 4, 17), np.float32)
@@ -133,8 +137,7 @@ def test_a_model_plays_on_fewer_devices_than_it_trained_on(tmp_path, capsys):
     """A model saved by a run over more devices than this process has (--devices-per-run 3 here,
     on 2) plays: playing takes no layout of runs over devices."""
     args = ppo.validate(ppo.Args(num_seeds=1, devices_per_run=3, **TINY))
-    hp = {k: np.float32([v]) for k, v in ppo.grid(args)[0].items()}
-    state = jax.vmap(make_train(ppo, args).init)(jax.random.PRNGKey(0)[None], hp)
+    state = initial_state(args)
     path = ppo.save_model(str(tmp_path), args, state)
     out = run_main(ppo, ["--load-model", path, "--eval-episodes", 2], capsys)
     assert "eval/episodic_return_greedy per seed (2 episodes): " in out
