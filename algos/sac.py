@@ -53,6 +53,8 @@ class Hyperparams:
     """environment steps of uniform random actions before the first gradient step"""
     learning_rate: Optional[tuple[float, ...]] = None
     """sweep: Adam step size of the critics, the policy and the temperature"""
+    anneal_lr: Optional[bool] = None
+    """anneal the learning rate linearly to 0 over the run's gradient steps"""
     gamma: Optional[tuple[float, ...]] = None
     """sweep: discount factor"""
     tau: Optional[tuple[float, ...]] = None
@@ -66,6 +68,8 @@ class Hyperparams:
     """sweep: the policy entropy the temperature aims at (rule: -number of action dimensions)"""
     hidden_size: Optional[int] = None
     """width of the two hidden layers of the policy and of each critic"""
+    critic_layer_norm: Optional[bool] = None
+    """a LayerNorm before each hidden relu of the critics"""
 
 
 # The float hyperparameters (no shape nor loop length: train() traces them, a sweep is one program)
@@ -123,14 +127,18 @@ class Actor(nn.Module):
 
 
 class Critic(nn.Module):
-    """Q(s, a): two hidden layers of Dense and relu on [obs, action], then a linear output."""
+    """Q(s, a): two hidden layers of Dense and relu on [obs, action], then a linear output;
+    with layer_norm, a LayerNorm before each relu, as RLPD's critics (Ball et al. 2023,
+    https://arxiv.org/abs/2302.02948): it bounds the features a target is extrapolated from."""
     hidden_size: int = 256
+    layer_norm: bool = False
 
     @nn.compact
     def __call__(self, obs, action):
         x = jnp.concatenate([obs, action], axis=-1)
         for _ in range(2):
-            x = nn.relu(nn.Dense(self.hidden_size)(x))
+            x = nn.Dense(self.hidden_size)(x)
+            x = nn.relu(nn.LayerNorm()(x) if self.layer_norm else x)
         return nn.Dense(1)(x)[..., 0]
 
 
@@ -221,9 +229,14 @@ def sample(buffer: Transition, filled, keys, share: int):
             jnp.swapaxes(noise, 0, 1).reshape(2, -1, *noise.shape[3:]))
 
 
-def make_tx(hp):
-    """Adam from a run's traced learning rate: built in each program (it closes over hp)."""
-    return optax.adam(hp["learning_rate"])
+def make_tx(args, hp, num_updates: int):
+    """Adam from a run's traced learning rate, built in each program (it closes over hp); with
+    --anneal-lr, linear to 0 over the run's gradient steps: those after each env step from the
+    one that reaches learning_starts on."""
+    first = max(-(-args.learning_starts // args.num_envs), 1)
+    steps = (num_updates * args.num_steps - first + 1) * args.gradient_steps
+    lr = hp["learning_rate"]
+    return optax.adam(optax.linear_schedule(lr, 0.0, steps) if args.anneal_lr else lr)
 
 
 def action_bounds(env, env_params):
@@ -263,7 +276,8 @@ def make_train(args, env, env_params, shard):
     slots = args.buffer_size // args.num_envs  # per env
     per_env = args.batch_size // args.num_envs  # each env's share of a batch
     actor = Actor(tuple(map(float, low)), tuple(map(float, high)), args.hidden_size)
-    critic = TwinCritic(args.hidden_size)
+    critic = TwinCritic(args.hidden_size, args.critic_layer_norm)
+    optimiser = partial(make_tx, args, num_updates=num_updates)  # of a run's hp
     vstep = jax.vmap(env.step, in_axes=(0, 0, 0, None))
 
     def env_step(runner: RunnerState):
@@ -306,11 +320,10 @@ def make_train(args, env, env_params, shard):
         return (params, target_critic, opt_state), stats
 
     def step(hp, tx, runner: RunnerState, _):
-        """A step of every env, then gradient_steps gradient steps once learning_starts have
-        been taken (a cond: the runner's segments are one program from the first step on). The
-        runner's vmap makes the cond a select: the steps before learning_starts compute their
-        gradient steps and discard them (Pendulum-v1, 4 seeds: as long a run with
-        --learning-starts 1000 as with 0, 29.5 s and 29.0 s, medians of 3)."""
+        """A step of every env, then gradient_steps gradient steps once learning_starts have been
+        taken (a cond: one program from the first step on; the runner's vmap makes it a select,
+        which computes the early gradient steps and discards them: Pendulum-v1, 4 seeds, as long
+        with --learning-starts 1000 as with 0, 29.5 s and 29.0 s, medians of 3)."""
         runner, finished = env_step(runner)
         key, k_learn = jax.random.split(runner.key)
         carry = (runner.params, runner.target_critic, runner.opt_state)
@@ -332,7 +345,7 @@ def make_train(args, env, env_params, shard):
 
     def update(hp, runner: RunnerState):
         """num_steps steps of every env, each followed by its gradient steps."""
-        runner, (finished, stats) = jax.lax.scan(partial(step, hp, make_tx(hp)), runner, None,
+        runner, (finished, stats) = jax.lax.scan(partial(step, hp, optimiser(hp)), runner, None,
                                                  args.num_steps)
         metrics = shard.pmean({k: jnp.nanmean(v) for k, v in stats.items()})
         metrics.update(episode_metrics(finished, shard.psum))
@@ -353,7 +366,7 @@ def make_train(args, env, env_params, shard):
         buffer = Transition(empty(*obs_shape), empty(*low.shape), empty(), empty(*obs_shape),
                             empty())
         return RunnerState(
-            params=params, target_critic=params["critic"], opt_state=make_tx(hp).init(params),
+            params=params, target_critic=params["critic"], opt_state=optimiser(hp).init(params),
             buffer=buffer, env_state=env_state, obs=obs, episode_return=jnp.zeros(envs),
             episode_length=jnp.zeros(envs, jnp.int32), key=k_run, steps_done=jnp.int32(0))
 
@@ -381,18 +394,14 @@ def make_train(args, env, env_params, shard):
 # layers of 64 (4x faster than 256 on CPU) and 100k steps (not 1M) for gymnax's small tasks.
 BOX = dict(total_timesteps=100_000, num_envs=1, num_steps=100, gradient_steps=1,
            batch_size=256, learning_starts=5_000, learning_rate=1e-3, gamma=0.99, tau=0.005,
-           alpha=1.0, hidden_size=64)
+           alpha=1.0, hidden_size=64, critic_layer_norm=False, anneal_lr=False)
 # Pendulum-v1: BOX at 20k steps, learning_starts 1000 (its episodes are 200 steps); lr 1e-3 was
 # the best of a sweep of {3e-4, 1e-3} x alpha {1, 0.1} x 4 seeds (greedy -156 mean; the others
 # within 7 of it). Reacher-misc, Swimmer-misc: BOX at 50k steps, measured, 4 seeds: greedy 48 to
 # 55 (16 uniform), 355 to 397 (62 at 10k steps). All 2026-11-27.
-# Brax (1000-step episodes). For 2 CPU cores: the pendulums, BOX at 200k steps, not tuned yet
-# (inverted_double_pendulum as typed, 2026-11-28: greedy 3008 to 6649 on 4 seeds, 9,000 the aim,
-# random 494; 7 min a process alone; lr 3e-4, 5e-4: greedy 4830, 5424; tau 0.02, best on 2 seeds
-# of tau x gamma 0.98/0.99 (9288), then 3493 to 8797 on these 4; hidden 128: 3047 to 8896, 21 min;
-# target entropy -4 at gamma 0.995, best of 2 x 2 (9197), then 3805 to 9355; 2026-11-29: lr
-# annealed to 0, 5154 to 9242; batch 128 x 2 gradient steps, 4376 to 9355: none all >= 9000. The
-# failing seeds' greedy cart drifts to its rail's end, x = -1, where the poles fall.) For a
+# Brax (1000-step episodes). For 2 CPU cores: the pendulums, BOX at 200k steps;
+# inverted_double_pendulum also with RLPD's LayerNorm in the critics and the learning rate annealed
+# to 0 (4 seeds as typed: greedy 7860 to 9355; each alone, and what else was tried: README). For a
 # GPU, not measured here: hopper and walker2d, Brax's own SAC (google/brax notebooks/training.ipynb,
 # 128 envs, hidden 256; without its reward scaling); halfcheetah, ant and reacher, rejax's tuned
 # configs/brax (128 envs, a gradient step per env step); humanoid, the SAC paper's (Haarnoja et
@@ -400,7 +409,8 @@ BOX = dict(total_timesteps=100_000, num_envs=1, num_steps=100, gradient_steps=1,
 BRAX_GPU = dict(BOX, num_envs=128, num_steps=10, gradient_steps=128, buffer_size=1_048_576,
                 learning_starts=10_240, batch_size=512, hidden_size=256, total_timesteps=5_242_880)
 BRAX = {"brax/inverted_pendulum": dict(BOX, total_timesteps=200_000),
-        "brax/inverted_double_pendulum": dict(BOX, total_timesteps=200_000),
+        "brax/inverted_double_pendulum": dict(BOX, total_timesteps=200_000,
+                                              critic_layer_norm=True, anneal_lr=True),
         "brax/hopper": dict(BRAX_GPU, gradient_steps=64, learning_starts=8192, learning_rate=6e-4,
                             gamma=0.997, total_timesteps=6_553_600),
         "brax/walker2d": dict(BRAX_GPU, gradient_steps=32, batch_size=128, learning_starts=8192,

@@ -87,10 +87,12 @@ PUREJAXRL = {"LR": 3e-4, "NUM_ENVS": 2048, "NUM_STEPS": 10, "TOTAL_TIMESTEPS": 5
              "ACTIVATION": "tanh", "ENV_NAME": "hopper", "ANNEAL_LR": False,
              "NORMALIZE_ENV": True, "DEBUG": False}
 QUICK_PUREJAXRL = {"NUM_ENVS": 64, "TOTAL_TIMESTEPS": 2560}  # as SMALL
-# (c): rejax's SAC at sac.py's preset for brax/inverted_double_pendulum (algos/sac.py's BOX at 200k
-# steps): bench_sac.REJAX (sac.py's Box preset in rejax's terms) with BOX's 5000 random steps
-# first and a buffer of the whole run.
+# (c): rejax's SAC at sac.py's BOX preset at 200k steps, as brax/inverted_double_pendulum's without
+# its critics' LayerNorm and annealing (rejax has neither; sac.py runs with SAC_FLAGS):
+# bench_sac.REJAX (sac.py's Box preset in rejax's terms) with BOX's 5000 random steps first and a
+# buffer of the whole run.
 SAC_AS_OURS = dict(bench_sac.REJAX, fill_buffer=5_000, buffer_size=200_000)
+SAC_FLAGS = ["--critic-layer-norm", "False", "--anneal-lr", "False"]
 QUICK_SAC = dict(buffer_size=3_000, fill_buffer=1_000)  # as (a)'s --quick flags
 
 
@@ -295,7 +297,7 @@ def part_c(quick: bool, rows: list[str]) -> list[str]:
     settings = {**SAC_AS_OURS, **(QUICK_SAC if quick else {})}
     for row in rows:
         name, env_id, _ = ROWS[REJAX_ROWS[row]]
-        r = ours(name, row_flags(REJAX_ROWS[row], quick, SEEDS_C))
+        r = ours(name, [*row_flags(REJAX_ROWS[row], quick, SEEDS_C), *SAC_FLAGS])
         steps = r.get("total_timesteps", 0)
         call = (f"`jax.pmap(jax.vmap(get_algo('sac').create(env={env_id}, **settings).train))` "
                 f"over {seeds} keys of PRNGKey({BASE})")
@@ -328,7 +330,8 @@ def part_c(quick: bool, rows: list[str]) -> list[str]:
                "whole process s (compile + training run)", "evaluation, greedy", "worst seed",
                "evaluation, sampled", "worst seed"]
     return [*text,
-            "Both: the positional backend, sac.py's preset as typed; "
+            "Both: the positional backend, sac.py's preset as typed but with "
+            f"{' '.join(SAC_FLAGS)} (its Box preset's critics and constant learning rate); "
             "rejax's SAC (0.1.3, in the peers' environment, through bench_sac.py's worker) with "
             "the same settings (" + ", ".join(f"{k}={v}" for k, v in settings.items())
             + "; rejax's defaults otherwise: no gradient clipping, no observation or reward "

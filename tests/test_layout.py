@@ -23,15 +23,16 @@ from conftest import ALGOS
 
 FENCE = re.compile(r"^# =+ runner$", re.M)
 # The most lines above the fence, of the runner and of a file: DEVELOPERS.md's 460 above the fence
-# (asked for: ppo.py 473, its table of Brax presets; ppo_rnn.py 468, its GRU); the runner 1196 and
-# a file 1669, asked for in issue 52's, 51's and 53's notes: a Shard for runs over several devices
-# (60 lines), Brax's tasks behind gymnax's interface (83; their GIF by MuJoCo's renderer, 17 more)
-# and issue 53's PBT (109: a schedule in env steps, fitness over episodes, resampling, reports of
-# final values) beside the runner's 935; and 15 asked for in 51's ninth-session note: seven bugs
-# fixed (a signal in the last segment, flags typed as --no-x or --x_y on --resume, a value swept
-# twice, a final return of NaN where no episode ended at the end, --load-model's layout,
-# folder and --pbt check, write_atomic's temporary file).
-ABOVE = {"ppo": 473, "vpg": 460, "q_learning": 460, "pqn": 460, "ppo_rnn": 468, "sac": 460}
+# (asked for: ppo.py 473, its table of Brax presets; ppo_rnn.py 468, its GRU; sac.py 469, the
+# critics' LayerNorm and the annealing that brax/inverted_double_pendulum needs, 51's tenth-session
+# note); the runner 1196 and a file 1669, asked for in issue 52's, 51's and 53's notes: a Shard for
+# runs over several devices (60 lines), Brax's tasks behind gymnax's interface (83; their GIF by
+# MuJoCo's renderer, 17 more) and issue 53's PBT (109: a schedule in env steps, fitness over
+# episodes, resampling, reports of final values) beside the runner's 935; and 15 asked for in 51's
+# ninth-session note: seven bugs fixed (a signal in the last segment, flags typed as --no-x or
+# --x_y on --resume, a value swept twice, a final return of NaN where no episode ended at the end,
+# --load-model's layout, folder and --pbt check, write_atomic's temporary file).
+ABOVE = {"ppo": 473, "vpg": 460, "q_learning": 460, "pqn": 460, "ppo_rnn": 468, "sac": 469}
 RUNNER_LINES, FILE_LINES, MAKE_TRAIN_LINES = 1211, 1684, 120
 MODULES = {"ppo": ppo, "vpg": vpg, "q_learning": ql, "pqn": pqn, "ppo_rnn": ppo_rnn, "sac": sac}
 

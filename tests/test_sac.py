@@ -227,6 +227,54 @@ def test_the_critics_regress_on_the_target_critics_and_these_follow_by_polyak():
                  after.target_critic, expected)
 
 
+@pytest.mark.parametrize("layer_norm", [False, True])
+def test_critic_layer_norm_makes_q_blind_to_the_first_layers_scale(layer_norm):
+    """--critic-layer-norm reaches the critics make_train builds: a LayerNorm before each relu, so
+    Q does not change when the first layer's kernel and bias are scaled by 7 (LayerNorm(7 z) =
+    LayerNorm(z)); without it, Q changes."""
+    args = sac.validate(sac.Args(**TINY, critic_layer_norm=layer_norm))
+    params = make_train(sac, args).init(jax.random.PRNGKey(0), hp_of(args)).params["critic"]
+    assert ("LayerNorm_1" in params["params"]) == layer_norm
+    rng = np.random.default_rng(0)
+    obs, action = jnp.float32(rng.normal(size=(16, 3))), jnp.float32(rng.normal(size=(16, 1)))
+    first = {**params["params"], "Dense_0": jax.tree.map(lambda x: 7 * x,
+                                                          params["params"]["Dense_0"])}
+    critic = sac.TwinCritic(args.hidden_size, layer_norm)
+    q = critic.apply(params, obs, action)
+    q_scaled = critic.apply({"params": first}, obs, action)
+    if layer_norm:
+        np.testing.assert_allclose(q_scaled, q, rtol=1e-4, atol=1e-5)
+    else:
+        assert np.abs(np.asarray(q_scaled - q)).max() > 1e-2
+
+
+@pytest.mark.parametrize("learning_starts", [0, 5])
+def test_anneal_lr_spans_exactly_the_runs_gradient_steps(learning_starts):
+    """--anneal-lr: make_tx's learning rate falls linearly over as many steps as the run takes
+    gradient steps (those after each env step from the one reaching learning_starts on, counted
+    here step by step), which the run's Adam counts: on a constant gradient (Adam's step then
+    exactly lr) the k-th step is lr (1 - k / steps), the one after the run's last is 0."""
+    args = sac.validate(sac.Args(**{**TINY, "learning_starts": learning_starts},
+                                 anneal_lr=True))
+    hp = hp_of(args)
+    train = make_train(sac, args)
+    env_steps = train.num_updates * args.num_steps  # of each env
+    steps = args.gradient_steps * sum(
+        step * args.num_envs >= learning_starts for step in range(1, env_steps + 1))
+    assert steps < env_steps or learning_starts == 0
+    state = jax.jit(train)(jax.random.PRNGKey(0), hp)[0]
+    assert int(state.opt_state[0].count) == steps  # Adam's
+    tx = sac.make_tx(args, hp, train.num_updates)
+    params = {"w": jnp.zeros(())}
+    opt_state, sizes = tx.init(params), []
+    for _ in range(steps + 1):
+        updates, opt_state = tx.update({"w": jnp.ones(())}, opt_state, params)
+        sizes.append(-float(updates["w"]))
+    lr = float(hp["learning_rate"])
+    np.testing.assert_allclose(sizes, lr * (1 - np.arange(steps + 1) / steps), rtol=1e-5,
+                               atol=1e-9)
+
+
 def test_updates_sample_only_the_slots_written():
     """Every slot of the buffer poisoned (NaN) before the run: the slots an update writes are
     the only ones its gradient steps draw from (filled as the update computes it), so the
