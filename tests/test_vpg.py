@@ -1,10 +1,7 @@
 """VPG: learning curves against stated thresholds, the policy gradient against a plain per-sample
 score-function computation, the split optimisers and their state, truncation bootstrapping, the
 seed sweep, the CLI."""
-import dataclasses
 import shutil
-import sys
-from unittest import mock
 
 import flax.serialization
 import jax
@@ -17,6 +14,7 @@ from conftest import (
     assert_learns,
     assert_truncation_bootstraps_from_final_observation,
     assert_usage_error,
+    help_text,
     make_train,
     read_scalars,
     record_gae_inputs_with_short_episodes,
@@ -277,16 +275,7 @@ def test_a_network_without_a_critic_is_refused():
 
 
 def test_help_lists_every_flag_with_its_doc(capsys):
-    # main() in-process, as a user's `python algos/vpg.py --help` runs it, without ~4 s of imports.
-    with mock.patch.object(sys, "argv", ["vpg.py", "--help"]), \
-            pytest.raises(SystemExit) as exit_info:
-        vpg.main()
-    assert exit_info.value.code == 0
-    out = capsys.readouterr().out
-    text = " ".join(out.translate({ord(c): " " for c in "│╭╮╰╯─"}).split())
-    for field in dataclasses.fields(vpg.Args):
-        flag = "--" + field.name.replace("_", "-")
-        assert flag in text, flag
+    text = help_text(vpg, capsys)
     for phrase in ["parallel environments per seed", "value-function passes over each batch",
                    "2048 // num_envs clipped to [16, 128]"]:
         assert phrase in text, phrase
