@@ -91,7 +91,13 @@ def test_epsilon_schedule():
                                  exploration_fraction=0.5, start_e=(0.9,), end_e=(0.3,)))
     train = make_train(pqn, args)
     hp = {k: jnp.float32(getattr(args, k)[0]) for k in pqn.HPARAMS}
-    runner, metrics = jax.jit(train)(jax.random.PRNGKey(0), hp)
+    # train is init, then a scan of update: the same update jitted alone serves the --pbt check.
+    init, update = jax.jit(train.init), jax.jit(train.update)
+    runner, updates = init(jax.random.PRNGKey(0), hp), []
+    for _ in range(train.num_updates):
+        runner, metrics = update(hp, runner)
+        updates.append(metrics)
+    metrics = {k: np.stack([m[k] for m in updates]) for k in updates[0]}
     before = np.arange(train.num_updates) * 32  # env steps done before each update's rollout
     np.testing.assert_allclose(metrics["stats/epsilon"],
                                0.9 + np.minimum(before / 160, 1.0) * (0.3 - 0.9), atol=1e-6)
@@ -101,8 +107,7 @@ def test_epsilon_schedule():
                                args.learning_rate[0] * (1 - np.arange(10) / 10), rtol=1e-6)
     # A --pbt step that moves start_e between two updates: the next rollout explores at the
     # schedule of the new values (not at the epsilon the state carries from the old ones).
-    update = jax.jit(train.update)
-    runner, _ = update(hp, train.init(jax.random.PRNGKey(0), hp))
+    runner, _ = update(hp, init(jax.random.PRNGKey(0), hp))
     _, metrics = update(hp | {"start_e": jnp.float32(0.5)}, runner)
     assert float(metrics["stats/epsilon"]) == pytest.approx(0.5 + 32 / 160 * (0.3 - 0.5))
 
