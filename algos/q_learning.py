@@ -382,7 +382,9 @@ def resolve(args, env, env_params):
 
 
 # ============================================================================ 6. hooks
-COMPILER_OPTIONS = {"xla_cpu_experimental_ynn_fusion_type": ""}  # no YNNPACK: XLA's is 1.2x faster
+# No YNNPACK (XLA's own kernels are 1.2x faster); XLA's default LLVM level (3), pinned: a level in
+# XLA_FLAGS (the tests' -O0 for their own programs) must not change the training program's results.
+COMPILER_OPTIONS = {"xla_cpu_experimental_ynn_fusion_type": "", "xla_backend_optimization_level": 3}
 SCORE, SHOWN = "stats/greedy_optimal", {"stats/greedy_optimal": "{:.1%}", "stats/q_error": "{:.2e}"}
 saved_model = lambda state: {"q": state.agents.q, "visited": state.agents.visited}  # [S, A]
 SPLIT = "num_agents"  # what a run over several devices splits

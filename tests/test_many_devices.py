@@ -110,8 +110,7 @@ def test_parameters_stay_bitwise_the_same_on_every_device(name):
         return jax.tree.map(lambda x: x[None], [getattr(state, f) for f in shared])
 
     copies = jax.jit(jax.shard_map(each_device, mesh=mesh, in_specs=P("runs"),
-                                   out_specs=P("batch"), check_vma=False),
-                     compiler_options=module.COMPILER_OPTIONS)(  # (quicker_compiles': -O0)
+                                   out_specs=P("batch"), check_vma=False))(
         jax.random.split(jax.random.PRNGKey(0), 1), hp)
     for leaf in jax.tree.leaves(jax.device_get(copies)):
         np.testing.assert_array_equal(leaf[0], leaf[1])
