@@ -215,20 +215,31 @@ TINY = dict(env_id="CartPole-v1", num_envs=8, num_steps=32, num_minibatches=4,
 TINY_FLAGS = [f"--{key.replace('_', '-')}={value}" for key, value in TINY.items()]
 
 
-@pytest.fixture(scope="module")
-def user_run(tmp_path_factory):
-    """The file copied out of the repository and run alone, as a user would, on 2 devices."""
-    tmp_path = tmp_path_factory.mktemp("user_run")
+def test_a_copied_file_runs_alone_and_its_sweep_is_the_one_in_process(tmp_path):
+    """The file copied out of the repository and run alone, as a user would, on 2 devices: a
+    progress line per segment, events and a model for each seed; the same sweep in this process,
+    on the same layout, computes it bit for bit. (Other device layouts: test_ppo's, the same
+    runner.)"""
     shutil.copy(vpg.__file__, tmp_path / "vpg.py")
     proc = run_script(tmp_path / "vpg.py", *TINY_FLAGS, "--save-model", "--log-dir",
                       tmp_path / "runs", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     (run_dir,) = (tmp_path / "runs").iterdir()
-    return proc, run_dir
+    assert "final return per seed" in proc.stdout
+    assert proc.stdout.count("[vpg] steps") == 10  # a progress line per segment
+    assert run_dir.name.startswith("CartPole-v1__vpg__1__")
+    for k in range(4):
+        points = read_scalars(run_dir / f"seed_{k}", "charts/episodic_return")
+        steps = [s for s, _ in points]
+        assert len(steps) >= 5 and steps == sorted(steps) and len(set(steps)) == len(steps)
+        for tag in ["losses/policy", "losses/value", "losses/entropy", "stats/approx_kl"]:
+            assert read_scalars(run_dir / f"seed_{k}", tag), tag
+    payload = flax.serialization.msgpack_restore((run_dir / "model.msgpack").read_bytes())
+    network = vpg.ActorCritic(action_dim=2, continuous=False, hidden_size=64)
+    dist, value = network.apply(jax.tree.map(lambda x: x[0], payload["params"]), jnp.zeros((3, 4)))
+    assert dist.logits.shape == (3, 2) and value.shape == (3,)
+    assert jax.tree.leaves(payload["params"])[0].shape[0] == 4
 
-
-def test_seed_sweep_determinism(user_run):
-    """(Other device layouts: test_ppo's, the same runner.)"""
     args = vpg.validate(vpg.Args(track=False, **TINY))
     state, two_devices, _ = vpg.run(args, num_devices=2)
     assert set(two_devices) == {"env_steps", "episode_return", "episode_length", "episodes",
@@ -242,7 +253,6 @@ def test_seed_sweep_determinism(user_run):
                                rtol=1e-6, atol=1e-9)
     # The same command on the same layout is bit-identical: the user's run (another process)
     # logged the very same metrics, every update and seed, and saved the very same parameters.
-    _, run_dir = user_run
     for k in range(4):
         for key, tag in [("loss/value", "losses/value"), ("stats/approx_kl", "stats/approx_kl"),
                          ("episode_return", "charts/episodic_return"),
@@ -251,8 +261,7 @@ def test_seed_sweep_determinism(user_run):
             ours = {int(step): np.float32(value) for step, value in
                     zip(two_devices["env_steps"][k], two_devices[key][k]) if np.isfinite(value)}
             assert logged == ours, (k, key)
-    saved = flax.serialization.msgpack_restore((run_dir / "model.msgpack").read_bytes())["params"]
-    jax.tree.map(np.testing.assert_array_equal, saved, jax.device_get(state.params))
+    jax.tree.map(np.testing.assert_array_equal, payload["params"], jax.device_get(state.params))
     # Seeds are independent experiments: no two seeds of the sweep see the same losses.
     losses = np.asarray(two_devices["loss/value"])
     assert len({float(x) for x in losses[:, 0]}) == 4
@@ -280,26 +289,6 @@ def test_help_lists_every_flag_with_its_doc(capsys):
                    "2048 // num_envs clipped to [16, 128]"]:
         assert phrase in text, phrase
     assert "--clip-coef" not in text and "--vf-coef" not in text
-
-
-def test_copied_file_runs_alone_and_writes_events_and_model(user_run):
-    proc, run_dir = user_run
-    assert "final return per seed" in proc.stdout
-    assert proc.stdout.count("[vpg] steps") == 10  # a progress line per segment
-    assert run_dir.name.startswith("CartPole-v1__vpg__1__")
-    for k in range(4):
-        points = read_scalars(run_dir / f"seed_{k}", "charts/episodic_return")
-        steps = [s for s, _ in points]
-        assert len(steps) >= 5 and steps == sorted(steps) and len(set(steps)) == len(steps)
-        for tag in ["losses/policy", "losses/value", "losses/entropy", "stats/approx_kl"]:
-            assert read_scalars(run_dir / f"seed_{k}", tag), tag
-    payload = flax.serialization.msgpack_restore((run_dir / "model.msgpack").read_bytes())
-    params = payload["params"]
-    network = vpg.ActorCritic(action_dim=2, continuous=False, hidden_size=64)
-    first_seed = jax.tree.map(lambda x: x[0], params)
-    dist, value = network.apply(first_seed, jnp.zeros((3, 4)))
-    assert dist.logits.shape == (3, 2) and value.shape == (3,)
-    assert jax.tree.leaves(params)[0].shape[0] == 4
 
 
 @pytest.mark.parametrize("flags, flag", [
