@@ -731,12 +731,6 @@ def build_train(args: Args, shard=None):
     return make_train(args, *make_env(args), shard or Shard())
 
 
-def leaves_into(target, saved: dict):
-    """A pytree shaped as target from its leaves saved by position ({"0": leaf, "1": ...})."""
-    leaves = [saved[str(i)] for i in range(len(saved))]
-    return jax.tree.unflatten(jax.tree.structure(target), leaves)
-
-
 def brax_env(name: str, backend: str) -> tuple:
     """(env, env_params): Brax's task `name` as a gymnax env, whose step does the rest: at the
     task's end (terminated: a hopper that falls) or at max_steps_in_episode (truncated, not
@@ -748,16 +742,21 @@ def brax_env(name: str, backend: str) -> tuple:
         raise ArgError(f"--env-id brax/{name}: Brax has no such env; it has "
                        f"{', '.join(sorted(envs._envs))}")
     task = envs.get_environment(name, backend=backend)
-    obs_size = jax.eval_shape(task.reset, jax.random.PRNGKey(0)).obs.shape[-1]
-    if backend == "mjx":  # its physics state (an mjx.Data) is a pytree flax cannot checkpoint
-        from brax.mjx.base import State as MjxState
-        flax.serialization.register_serialization_state(
-            MjxState, lambda x: {str(i): v for i, v in enumerate(jax.tree.leaves(x))},
-            leaves_into, override=True)
+    # The env state keeps Brax's State less its arrays of no elements (mjx's: no contacts...): XLA
+    # crashes compiling a program over several devices that takes or gives one (jax 0.11.2).
+    start = jax.eval_shape(task.reset, jax.random.PRNGKey(0))  # Brax's State, as shapes
+    template, treedef = jax.tree.flatten(jax.tree.map(lambda x: np.zeros(x.shape, x.dtype), start))
+
+    def pack(state) -> list:  # the leaves of Brax's State that hold elements
+        return [x for x in jax.tree.leaves(state) if np.size(x)]
+
+    def unpack(leaves: list):  # Brax's State again (an array of no elements: the template's)
+        given = iter(leaves)
+        return jax.tree.unflatten(treedef, [next(given) if x.size else x for x in template])
 
     @flax.struct.dataclass
     class State(environment.EnvState):  # time: steps since the episode's start
-        brax: object  # Brax's State: pipeline_state, obs, reward, done (the task's end), ...
+        brax: list  # pack(Brax's State): pipeline_state, obs, reward, done (the task's end), ...
 
     @flax.struct.dataclass
     class Params(environment.EnvParams):
@@ -766,25 +765,26 @@ def brax_env(name: str, backend: str) -> tuple:
     class BraxEnv(environment.Environment):
         def reset_env(self, key, params):
             state = task.reset(key)
-            return state.obs, State(time=jnp.int32(0), brax=state)
+            return state.obs, State(jnp.int32(0), pack(state))
 
         def step_env(self, key, state, action, params):  # (Brax's dynamics take no key)
-            new = task.step(state.brax, action)
-            return new.obs, State(time=state.time + 1, brax=new), new.reward, new.done > 0, {}
+            new = task.step(unpack(state.brax), action)
+            return new.obs, State(state.time + 1, pack(new)), new.reward, new.done > 0, {}
 
         def is_truncated(self, state, params):  # the limit, unless the task ended there too
-            return (state.time >= params.max_steps_in_episode) & (state.brax.done == 0)
+            return (state.time >= params.max_steps_in_episode) & (unpack(state.brax).done == 0)
 
         def action_space(self, params=None):  # every Brax task's actions are in [-1, 1]
             return spaces.Box(-1.0, 1.0, (task.action_size,), jnp.float32)
 
         def observation_space(self, params=None):
-            return spaces.Box(-jnp.inf, jnp.inf, (obs_size,), jnp.float32)
+            return spaces.Box(-jnp.inf, jnp.inf, (start.obs.shape[-1],), jnp.float32)
 
         def write_gif(self, states, path):  # (--capture-gif) by MuJoCo's renderer, in real time
             from brax.io import image
             from PIL import Image
-            frames = image.render_array(task.sys, [s.brax.pipeline_state for s in states], 240, 320)
+            physics = [unpack(s.brax).pipeline_state for s in states]
+            frames = image.render_array(task.sys, physics, 240, 320)
             first, *rest = [Image.fromarray(frame) for frame in frames]
             first.save(path, format="GIF", save_all=True, append_images=rest, loop=0,
                        duration=round(1000 * task.dt))
