@@ -427,7 +427,7 @@ def draw(folder, args, state: RunnerState) -> list:
 
 
 # ============================================================================ 7. the tail
-if __name__ == "__main__":  # python algos/q_learning.py: the runner (algos/runner/) trains this module
+if __name__ == "__main__":  # run as a script: the runner (algos/runner/) trains this module
     import sys
 
     from runner import cli

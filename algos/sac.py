@@ -461,7 +461,7 @@ saved_model = lambda state: {"params": state.params["actor"]}
 
 
 # ============================================================================ 7. the tail
-if __name__ == "__main__":  # python algos/sac.py: the runner (algos/runner/) trains this module
+if __name__ == "__main__":  # run as a script: the runner (algos/runner/) trains this module
     import sys
 
     from runner import cli

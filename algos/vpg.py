@@ -448,7 +448,7 @@ saved_model = lambda state: {"params": state.params, "obs_mean": state.obs_stats
 
 
 # ============================================================================ 7. the tail
-if __name__ == "__main__":  # python algos/vpg.py: the runner (algos/runner/) trains this module
+if __name__ == "__main__":  # run as a script: the runner (algos/runner/) trains this module
     import sys
 
     from runner import cli

@@ -4,7 +4,7 @@
     python benchmarks/run.py --only commands
 
 Each command runs as `python algos/<file> ... --num-seeds 8 --no-track` in a fresh process
-(common.run_command: the file's own main() on that command line), on the devices the file
+(common.run_command: the runner's main on the file, on that command line), on the devices the file
 chooses itself (one per core). "cold": an empty compilation-cache directory, so the process
 compiles; "warm": the same directory again, filled by the cold run (a user's second run). Time to
 solve: from the process's launch until every seed's score held the command's threshold
@@ -52,11 +52,14 @@ def choices_worker(config: dict) -> dict:
     compilation cache: each program's first run compiles, the others load it): compile_s, run_s
     and cached of each run."""
     algo = common.import_algo(config["file"])
-    options = algo.COMPILER_OPTIONS
+    # The options the runner compiles with: the file's own where it has them, else the runner's
+    # default (its contract), read at every compile.
+    where = vars(algo) if "COMPILER_OPTIONS" in vars(algo) else common.runner_module().CONTRACT
+    options = where["COMPILER_OPTIONS"]
     flags = [*config["flags"], "--no-track", "--compile-cache-dir", config["cache"]]
     out = {}
     for program in PROGRAMS:
-        algo.COMPILER_OPTIONS = {} if program == "llvm_o2" else options
+        where["COMPILER_OPTIONS"] = {} if program == "llvm_o2" else options
         timings = [common.run_as_typed(config["file"], flags + EXTRA_FLAGS.get(program, []))
                    ["timing"] for _ in range(config["runs"])]
         out[program] = {k: [t[k] for t in timings] for k in ("compile_s", "run_s", "cached")}

@@ -138,17 +138,19 @@ def parse(output: str) -> dict:
 
 
 def resolved(flags: list[str]) -> dict:
-    """Ours' resolved flags for `flags` without training (ppo.py's own validate, in a child
-    process), in the shape parse() reads from a summary: for a peer whose ours failed."""
+    """Ours' resolved flags for `flags` without training (the runner's validate of ppo.py's
+    command line, in a child process), in the shape parse() reads from a summary: for a peer whose
+    ours failed."""
     code = f"""if True:
-        import json, sys
+        import dataclasses, json, sys
         sys.path.insert(0, "algos")
         import ppo
-        args = ppo.validate(ppo.parse({flags!r}))
+        from runner.flags import args_class, parse, validate
+        args = validate(parse(args_class(ppo), {flags!r}))
         one = lambda v: v[0] if isinstance(v, tuple) and len(v) == 1 else v
         print(json.dumps({{"seeds": args.num_seeds, "flags": {{
             k: str(one(v)) for k, v in vars(args).items() if k in
-            {{f.name for f in ppo.dataclasses.fields(ppo.Hyperparams)}}}}}}))"""
+            {{f.name for f in dataclasses.fields(ppo.Hyperparams)}}}}}}))"""
     try:
         out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                              timeout=120, cwd=ROOT)

@@ -70,11 +70,15 @@ def worker(config: dict) -> dict:
             return out
         return call
 
-    for name in WRITES:
-        if hasattr(algo, name):
-            setattr(algo, name, timed(name, getattr(algo, name)))
-    if hasattr(algo, "Tensorboard"):  # the segmented file appends events after each segment
-        algo.Tensorboard.write = timed("tensorboard", algo.Tensorboard.write)
+    # Where the writes are: the file's own (before algos/runner/), or the runner's modules
+    places = [algo] if common.own_runner(algo) else [
+        common.runner_module(name, Path(config["folder"])) for name in ("files", "events")]
+    for place in places:
+        for name in WRITES:
+            if hasattr(place, name):
+                setattr(place, name, timed(name, getattr(place, name)))
+        if hasattr(place, "Tensorboard"):  # the segmented file appends events after each segment
+            place.Tensorboard.write = timed("tensorboard", place.Tensorboard.write)
     kept = common.run_as_typed("ppo", config["flags"], Path(config["folder"]))
     timing = kept["timing"]
     ends = [end for spans in writes.values() for _, end in spans]

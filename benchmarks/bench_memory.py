@@ -19,19 +19,20 @@ CHILD = """
 import sys, resource
 sys.path.insert(0, {algos!r})
 import ppo
+from runner import cli, sweep
 estimates = []
-check = ppo.check_memory
+check = sweep.check_memory
 def spy(args, programs, devices):  # the check's own figure: the largest program's, x devices
     estimates.append(max(m.argument_size_in_bytes + m.output_size_in_bytes
                          + m.temp_size_in_bytes - m.alias_size_in_bytes
                          for m in (p.memory_analysis() for p in programs)) * devices)
     return check(args, programs, devices)
-ppo.check_memory = spy
+sweep.check_memory = spy
 sys.argv = ["ppo.py", "--num-envs", sys.argv[1], "--num-steps", "16", "--num-minibatches", "4",
             "--update-epochs", "1", "--total-timesteps", str(int(sys.argv[1]) * 16 * 4),
             "--num-seeds", "1", "--num-segments", "1", "--no-track", "--compile-cache-dir", "",
             "--log-dir", sys.argv[2]]
-ppo.main()
+cli.main(ppo)
 print("ESTIMATE", estimates[0], "PEAK", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
 """
 

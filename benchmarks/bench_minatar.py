@@ -8,14 +8,14 @@ seed above half of it).
 Each game is the command a user types, `python algos/ppo.py --env-id <game> --seed 1000` (ppo.py's
 preset for the game: PRESETS; the search that chose it, on seed bases 1 and 2, is
 benchmarks/search_minatar.py and results/MINATAR_SEARCH.md, whose rows this table reprints),
-run in its own process with an empty compilation cache (common.run_command: the file's own main(),
---no-track, a temporary --log-dir), so the whole-process time is what a new user waits, compile
-included. The final return of a seed is the mean episode return over the last 5% of updates
-(ppo.final_returns); each seed's score against a published return is its final policy's sampled
-evaluation (64 episodes); the published numbers are the gymnax README's PPO returns of
-gymnax-blines' checkpoints (10M steps, another configuration: PUBLISHED below). Time to target:
-the curve bin (100 bins of updates) from which the mean over the seeds held the published return
-to the end (common.held_from, the sustained rule of every table).
+run in its own process with an empty compilation cache (common.run_command: the runner's main on
+the file, --no-track, a temporary --log-dir), so the whole-process time is what a new user waits,
+compile included. The final return of a seed is the mean episode return over the last 5% of updates
+(the runner's reports.final_returns); each seed's score against a published return is its final
+policy's sampled evaluation (64 episodes); the published numbers are the gymnax README's PPO
+returns of gymnax-blines' checkpoints (10M steps, another configuration: PUBLISHED below). Time to
+target: the curve bin (100 bins of updates) from which the mean over the seeds held the published
+return to the end (common.held_from, the sustained rule of every table).
 
 Not part of the default `benchmarks/run.py` run: run it alone. --quick runs Breakout on 3
 updates per seed, to check the pipeline."""
@@ -84,13 +84,14 @@ PRESET_SOURCE = (
 
 def resolved(config: dict) -> dict:
     """Worker: ppo.py's (or config["file"]'s) arguments for `--env-id config["game"]` plus
-    config["extra"], as its validate() resolves them (no compile), for the report: what the preset
-    set. In a process of its own, as importing a file picks the device count, which only a fresh
-    process may do."""
+    config["extra"], as the runner's flags.validate resolves them (no compile), for the report:
+    what the preset set. In a process of its own, as importing a file picks the device count,
+    which only a fresh process may do."""
     import dataclasses
 
-    algo = common.import_algo(config.get("file", "ppo"))
-    return dataclasses.asdict(algo.validate(algo.Args(env_id=config["game"], **config["extra"])))
+    algo, flags = common.import_algo(config.get("file", "ppo")), common.runner_module("flags")
+    args = flags.args_class(algo)(env_id=config["game"], **config["extra"])
+    return dataclasses.asdict(flags.validate(args))
 
 
 def verdict(final, target: float) -> str:

@@ -51,11 +51,11 @@ def worker(config: dict) -> dict:
     with tempfile.TemporaryDirectory() as cache:
         kept = common.run_as_typed("ppo", [*config["flags"], "--no-track",
                                            "--compile-cache-dir", cache])
-    algo, args, metrics = kept["algo"], kept["args"], kept["metrics"]
+    args, metrics, reports = kept["args"], kept["metrics"], common.runner_module("reports")
     rates = metrics.get("hp/learning_rate", metrics["charts/learning_rate"])
-    roots = algo.lineages(args, metrics)[1] if args.pbt else np.arange(len(rates))
+    roots = reports.lineages(args, metrics)[1] if args.pbt else np.arange(len(rates))
     return {"sampled": kept["evals"]["eval/episodic_return_sampled"].tolist(),
-            "final": algo.final_returns(metrics).tolist(), "rates": rates.tolist(),
+            "final": reports.final_returns(metrics).tolist(), "rates": rates.tolist(),
             "steps": metrics["env_steps"][0].tolist(), "lineages": len(set(roots.tolist())),
             "copies": int(np.isfinite(metrics.get("pbt/copied_from", np.zeros(0))).sum()),
             "run_s": kept["timing"]["run_s"], "compile_s": kept["timing"]["compile_s"]}

@@ -48,21 +48,23 @@ def jax_workload(config: dict) -> dict:
 
     import jax
 
+    flags, sweep = common.runner_module("flags"), common.runner_module("sweep")
     results, settings = [], {k: getattr(ql, k) for k in ("BLOCK_BYTES", "COMPILER_OPTIONS")}
     variants = config.get("variants") or ["file"] * len(config["agents"])
     for agents, variant in zip(config["agents"], variants):
         for name, value in {**settings, **VARIANTS[variant][1]}.items():
-            setattr(ql, name, value)  # read by make_train and the compile below
+            setattr(ql, name, value)  # the file's own, read by make_train and the compile below
         size = sizes(agents, config["budget"], config["num_steps"])
         seeds = 2 if agents >= 2 else 1
         args = dataclasses.replace(
-            ql.Args(track=False), num_agents=agents // seeds, num_seeds=seeds,
+            flags.args_class(ql)(track=False), num_agents=agents // seeds, num_seeds=seeds,
             total_timesteps=size, num_steps=config["num_steps"])
         keys = jax.random.split(jax.random.PRNGKey(0), seeds).reshape(seeds, 1, 2)
         hp = {k: jax.numpy.full((seeds, 1), getattr(args, k)[0]) for k in ql.HPARAMS}
         t0 = time.perf_counter()
-        compiled = jax.pmap(jax.vmap(ql.build_train(args)), devices=jax.local_devices()[:seeds]) \
-            .lower(keys, hp).compile(ql.COMPILER_OPTIONS)
+        compiled = jax.pmap(jax.vmap(sweep.build_train(args)),
+                            devices=jax.local_devices()[:seeds]) \
+            .lower(keys, hp).compile(args.algorithm.COMPILER_OPTIONS)
         compile_s = time.perf_counter() - t0
         last = {}
 
@@ -80,7 +82,7 @@ def jax_workload(config: dict) -> dict:
 
 
 class NumpyGrid:
-    """The file's GridWorld and hyperparameters (q_learning.Args) as numpy arrays, for the numpy
+    """The file's GridWorld and hyperparameters (its Args) as numpy arrays, for the numpy
     baselines: next_cell [S, A] (q_learning.grid_moves), start and goal cell indices, and what
     greedy_optimal is measured against (Q* by the file's value iteration, the scored states)."""
 
@@ -193,7 +195,7 @@ def numpy_workload(config: dict) -> dict:
     timed config["repeats"] times after a warm-up run (each run trains from scratch, same seed);
     greedy_optimal is the last run's."""
     ql = common.import_algo("q_learning")
-    grid = NumpyGrid(ql, ql.Args())
+    grid = NumpyGrid(ql, common.runner_module("flags").args_class(ql)())
     results = []
     for agents, steps in config["workloads"]:
         train = (lambda: numpy_loop(grid, steps)) if agents == 1 else (

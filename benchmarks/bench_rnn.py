@@ -42,8 +42,8 @@ def worker(config: dict) -> dict:
     with tempfile.TemporaryDirectory() as cache:
         kept = common.run_as_typed(config["file"], [*config["flags"], "--no-track",
                                                     "--compile-cache-dir", cache])
-    algo, args, timing = kept["algo"], kept["args"], kept["timing"]
-    return {"final": algo.final_returns(kept["metrics"]).tolist(),
+    args, timing = kept["args"], kept["timing"]
+    return {"final": common.runner_module("reports").final_returns(kept["metrics"]).tolist(),
             "greedy": kept["evals"]["eval/episodic_return_greedy"].tolist(),
             "sampled": kept["evals"]["eval/episodic_return_sampled"].tolist(),
             "steps": args.total_timesteps, "seeds": args.num_seeds,

@@ -6,6 +6,7 @@ belong to that workload alone), and the default commands a user types, run as ty
 """
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import platform
@@ -95,14 +96,15 @@ def md_table(headers: list[str], rows: list[list]) -> str:
 
 
 def iqm(x) -> float:
-    """Interquartile mean (Agarwal et al. 2021): the runner's (ppo.py's), which every table uses."""
-    return import_algo("ppo").iqm(x)
+    """Interquartile mean (Agarwal et al. 2021): the runner's (reports.iqm), which every table
+    uses."""
+    return runner_module("reports").iqm(x)
 
 
 def bootstrap_ci(x, stat=np.mean):
-    """Percentile-bootstrap 95% CI of `stat` over the runs in x: the runner's (ppo.py's), with its
+    """Percentile-bootstrap 95% CI of `stat` over the runs in x: the runner's (reports), with its
     settings (5,000 resamples), as the training summary prints it."""
-    return import_algo("ppo").bootstrap_ci(x, stat)
+    return runner_module("reports").bootstrap_ci(x, stat)
 
 
 def with_ci(x, stat=np.mean, spec: str = ".4g") -> str:
@@ -240,12 +242,40 @@ def import_algo(name: str, folder: Path = ALGOS):
     return __import__(name)
 
 
+def runner_module(name: str = "", folder: Path = ALGOS):
+    """The runner's module `name` (folder/runner/<name>.py; "": the package), the one beside the
+    training files of folder (default algos/), which they run with. A process holds one runner:
+    one imported from another folder is an error, not a measurement of the wrong code."""
+    if str(folder) not in sys.path:
+        sys.path.insert(0, str(folder))
+    module = importlib.import_module("runner" + (f".{name}" if name else ""))
+    if Path(module.__file__).resolve().parent != (Path(folder) / "runner").resolve():
+        raise RuntimeError(f"the training files of {folder} run with {folder}/runner/; this "
+                           f"process imported {module.__file__}")
+    return module
+
+
+def own_runner(algo) -> bool:
+    """Whether a file carries its own runner (its main()): is_eval.py, or a training file of
+    before algos/runner/ (taken from git); the others are run by the runner beside them."""
+    return hasattr(algo, "main")
+
+
+UNWRAPPED = {}  # (module, name) -> the function run_as_typed wraps there, as it was
+
+
+def wrap(module, name: str, wrapper):
+    """module.name = wrapper(the original): wrapped once, however many runs a process makes."""
+    setattr(module, name, wrapper(UNWRAPPED.setdefault((module, name), getattr(module, name))))
+
+
 # ----------------------------------------------------------------------------- commands as typed
 def run_as_typed(name: str, flags: list[str], folder: Path = ALGOS) -> dict:
-    """In this process: `python algos/<name>.py FLAGS --log-dir TMP`, the file's own main() on its
-    own command line (its run directory, checkpoints included, in a temporary directory removed
-    afterwards). Keeps the args, metrics and timing of the last segment its segments() yielded,
-    and when it came (time.time(): `returned_at`); a file without segments() (is_eval.py, ppo.py
+    """In this process: `python algos/<name>.py FLAGS --log-dir TMP`, the file's command line (the
+    runner's main on the file; a file with its own runner: its main()), its run directory,
+    checkpoints included, in a temporary directory removed afterwards. Keeps the args, metrics
+    and timing of the last segment that segments() yielded (the runner's, or the file's own), and
+    when it came (time.time(): `returned_at`); a file without segments() (is_eval.py, ppo.py
     before the segmented runs) has its run() wrapped instead. folder: default algos/."""
     import jax
 
@@ -253,35 +283,40 @@ def run_as_typed(name: str, flags: list[str], folder: Path = ALGOS) -> dict:
     kept = {"algo": algo}
     keep = lambda args, metrics, timing: kept.update(  # noqa: E731
         args=args, metrics=jax.device_get(metrics), timing=timing, returned_at=time.time())
-    if hasattr(algo, "segments"):
-        inner = algo.__dict__.setdefault("unwrapped_segments", algo.segments)  # wrapped once
 
+    def kept_segments(inner):
         def segments(args, *a, **k):
             for state, metrics, timing in inner(args, *a, **k):
                 keep(args, metrics, timing)
                 yield state, metrics, timing
+        return segments
 
-        algo.segments = segments
-    else:
-        inner = algo.__dict__.setdefault("unwrapped_run", algo.run)
-
+    def kept_run(inner):
         def run(args, *a, **k):
             state, metrics, timing = inner(args, *a, **k)
             keep(args, metrics, timing)
             return state, metrics, timing
+        return run
 
-        algo.run = run
-    if hasattr(algo, "evaluator"):  # the end-of-training evaluation, as the summary gets it
-        inner_summary = algo.__dict__.setdefault("unwrapped_summary", algo.summary)
-
+    def kept_evals(inner):
         def summary(args, metrics, timing, evals={}):
             kept["evals"] = {k: np.asarray(v) for k, v in evals.items()}
-            return inner_summary(args, metrics, timing, evals)
+            return inner(args, metrics, timing, evals)
+        return summary
 
-        algo.summary = summary
+    if not own_runner(algo):  # the runner beside it trains it, and prints its summary
+        wrap(runner_module("sweep", folder), "segments", kept_segments)
+        wrap(runner_module("reports", folder), "summary", kept_evals)
+        main = lambda: runner_module("cli", folder).main(algo)  # noqa: E731
+    else:  # its own segments or run, and summary
+        wrap(algo, *(("segments", kept_segments) if hasattr(algo, "segments")
+                     else ("run", kept_run)))
+        if hasattr(algo, "evaluator"):  # the end-of-training evaluation, as the summary gets it
+            wrap(algo, "summary", kept_evals)
+        main = algo.main
     with tempfile.TemporaryDirectory() as log_dir:
         sys.argv = [str(Path(folder) / f"{name}.py"), *flags, "--log-dir", log_dir]
-        algo.main()
+        main()
     return kept
 
 
@@ -314,14 +349,14 @@ def command_worker(config: dict) -> dict:
     run after which the score first reached the threshold (None: never), and the learning curve
     (mean score over each of CURVE_BINS bins of updates)."""
     kept = run_as_typed(config["file"], config["flags"])
-    algo, args, metrics, timing = kept["algo"], kept["args"], kept["metrics"], kept["timing"]
-    configs = algo.grid(args)
+    args, metrics, timing = kept["args"], kept["metrics"], kept["timing"]
+    configs = runner_module("flags").grid(args)
     lead = (len(configs), args.num_seeds)
     metrics = {k: np.asarray(v, dtype=np.float64).reshape(*lead, -1) for k, v in metrics.items()}
     key = "stats/greedy_optimal" if "stats/greedy_optimal" in metrics else "episode_return"
     score = metrics[key]
     if key == "episode_return":
-        final = np.stack([algo.final_returns({key: s}) for s in score])
+        final = np.stack([runner_module("reports").final_returns({key: s}) for s in score])
     else:
         final = score[..., -1]
     updates = score.shape[-1]

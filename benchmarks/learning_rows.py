@@ -23,6 +23,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 import conftest  # noqa: E402, I001  (2 host devices and algos/ on sys.path, as in the suite)
 import numpy as np  # noqa: E402
+from runner import evaluation, reports, sweep  # noqa: E402
 
 # test module -> the algorithm module its LEARNING table trains
 TABLES = {"test_ppo": "ppo", "test_vpg": "vpg", "test_ppo_rnn": "ppo_rnn", "test_sac": "sac",
@@ -53,14 +54,14 @@ def main():
         module, spec = table[name]
         for base in opts.bases:
             t0 = time.perf_counter()
-            args = module.validate(module.Args(num_seeds=spec["seeds"], track=False, seed=base,
-                                               **spec["args"]))
-            state, metrics, _ = module.run(args)
-            finals = module.final_returns(metrics)
+            args = conftest.validated(module, num_seeds=spec["seeds"], track=False, seed=base,
+                                      **spec["args"])
+            state, metrics, _ = sweep.run(args)
+            finals = reports.final_returns(metrics)
             verdict = conftest.learning_verdict(metrics, finals, spec)
             greedy = ""  # the rows that also judge the most likely actions' evaluation
             if spec.get("greedy") is not None:
-                evals = module.evaluator(args)(state)["eval/episodic_return_greedy"]
+                evals = evaluation.evaluator(args)(state)["eval/episodic_return_greedy"]
                 greedy = f" | greedy {np.round(evals, 3).tolist()} (row: >= {spec['greedy']})"
             print(f"{name} base {base}: finals {np.round(finals, 1).tolist()} median "
                   f"{np.median(finals):.1f} | {verdict or 'holds'}{greedy} | "

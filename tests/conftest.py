@@ -36,6 +36,8 @@ os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 
 ROOT = Path(__file__).resolve().parents[1]
 ALGOS = ROOT / "algos"
+# A checkpoint and a model that ppo.py wrote when it carried its own copy of the runner (e6f17f4)
+FIXTURES = ROOT / "tests" / "fixtures"
 if str(ALGOS) not in sys.path:
     sys.path.insert(0, str(ALGOS))
 
@@ -52,24 +54,39 @@ def run_script(script, *flags, cwd=None, timeout=300, env=None):
 
 
 def run_main(module, argv, capsys):
-    """The script's own main() in this process on argv; what it printed."""
+    """The script's command line (the runner's main on the module) in this process on argv; what
+    it printed."""
     from unittest import mock
+
+    from runner import cli
     with mock.patch.object(sys, "argv", [f"{module.__name__}.py", *map(str, argv)]):
-        module.main()
+        module.main() if hasattr(module, "main") else cli.main(module)  # (is_eval.py: its own)
     return capsys.readouterr().out
 
 
 def help_text(module, capsys):
     """What `python <module>.py --help` prints, as one line of words (the box drawing dropped),
     after checking that it names every flag: main() in-process, without ~4 s of imports."""
-    import dataclasses
+
+    from runner import flags
     with pytest.raises(SystemExit) as exit_info:
         run_main(module, ["--help"], capsys)
     assert exit_info.value.code == 0
     text = " ".join(capsys.readouterr().out.translate({ord(c): " " for c in "│╭╮╰╯─"}).split())
-    for field in dataclasses.fields(module.Args):
-        assert "--" + field.name.replace("_", "-") in text, field.name
+    Args = getattr(module, "Args", None) or flags.args_class(module)  # (is_eval.py: its own)
+    for name in offered(Args):
+        assert flags.flag(name) in text, name
     return text
+
+
+def offered(Args) -> list:
+    """The flags of an Args class that its command line offers (not tyro.conf.Suppress'ed)."""
+    import dataclasses
+    import typing
+
+    import tyro
+    return [f.name for f in dataclasses.fields(Args)
+            if tyro.conf.Suppress not in typing.get_args(f.type)[1:]]
 
 
 def assert_usage_error(script, flags, flag, tmp_path):
@@ -86,8 +103,10 @@ def assert_usage_error(script, flags, flag, tmp_path):
     import pytest
 
     module = importlib.import_module(Path(script).stem)
-    # The program that must not start: make_train, or is_eval's per-dataset trial (it trains none).
-    entry = "make_train" if hasattr(module, "make_train") else "make_gridworld_trial"
+    # The program that must not start: make_train (the runner's segments, run), or is_eval's
+    # per-dataset trial (it trains none).
+    trains = hasattr(module, "make_train")
+    entry = "make_train" if trains else "make_gridworld_trial"
     # Building a gymnax env compiles a few one-op jits; the training program must not compile.
     compiles = []
 
@@ -105,13 +124,14 @@ def assert_usage_error(script, flags, flag, tmp_path):
     stderr = io.StringIO()
     argv = [script, *map(str, flags), *([] if "--log-dir" in flags else
                                         ["--log-dir", str(tmp_path / "runs")])]
+    from runner import cli, sweep
     try:
         with mock.patch.object(sys, "argv", argv), contextlib.redirect_stderr(stderr), \
                 mock.patch.object(module, entry, must_not_run), \
-                mock.patch.object(module, "run", must_not_run), \
-                mock.patch.object(module, "segments", must_not_run, create=True), \
+                mock.patch.object(sweep, "run", must_not_run), \
+                mock.patch.object(sweep, "segments", must_not_run), \
                 pytest.raises(SystemExit) as exit_info:
-            module.main()
+            cli.main(module) if trains else module.main()
     finally:
         jax.monitoring.unregister_event_duration_listener(listener)
     lines = [line for line in stderr.getvalue().splitlines() if line.strip()]
@@ -127,17 +147,21 @@ def quicker_compiles(monkeypatch):
     training program: 12 s -> 7.7 s; test_many_devices.py alone: 111 s -> 100 s), for the
     modules that use it (pytestmark), whose tests compare runs compiled alike: the rounding
     differs from -O1's, not what is computed. Never for a learning row (sized at -O1) nor a
-    comparison with a script's own process."""
+    comparison with a script's own process. The runner's default, and a file's own options."""
+    import runner
+    level_0 = lambda options: {**options, "xla_backend_optimization_level": 0}
+    monkeypatch.setitem(runner.CONTRACT, "COMPILER_OPTIONS",
+                        level_0(runner.CONTRACT["COMPILER_OPTIONS"]))
     for name in ("ppo", "vpg", "pqn", "ppo_rnn", "sac", "q_learning"):
-        if name in sys.modules:
-            options = {**sys.modules[name].COMPILER_OPTIONS, "xla_backend_optimization_level": 0}
-            monkeypatch.setattr(sys.modules[name], "COMPILER_OPTIONS", options)
+        if hasattr(sys.modules.get(name), "COMPILER_OPTIONS"):
+            monkeypatch.setattr(sys.modules[name], "COMPILER_OPTIONS",
+                                level_0(sys.modules[name].COMPILER_OPTIONS))
 
 
-def make_train(module, args, shard=None):
-    """module.make_train on what the runner gives it: --env-id's env (make_env), a run alone on
-    one device unless shard."""
-    return module.make_train(args, *module.make_env(args), shard or module.Shard())
+def validated(module, **flags):
+    """The runner's Args of `module` with these flags, checked and resolved (flags.validate)."""
+    from runner import flags as runner_flags
+    return runner_flags.validate(runner_flags.args_class(module)(**flags))
 
 
 def read_scalars(run_dir, tag):
@@ -176,10 +200,11 @@ def assert_learns(module, spec):
     """One row of a learning table: the derived budget is within `budget` and the seeds' final
     returns (mean episode_return over the last 5% of updates) meet the row's criterion
     (learning_verdict). Returns (args, final states, final returns)."""
-    args = module.validate(module.Args(num_seeds=spec["seeds"], track=False, **spec["args"]))
+    from runner import reports, sweep
+    args = validated(module, num_seeds=spec["seeds"], track=False, **spec["args"])
     assert args.total_timesteps <= spec["budget"]
-    state, metrics, _ = module.run(args)
-    finals = module.final_returns(metrics)
+    state, metrics, _ = sweep.run(args)
+    finals = reports.final_returns(metrics)
     assert finals.shape == (spec["seeds"],)
     verdict = learning_verdict(metrics, finals, spec)
     assert verdict is None, (verdict, finals)
@@ -187,8 +212,8 @@ def assert_learns(module, spec):
 
 
 def record_gae_inputs_with_short_episodes(module, monkeypatch, episode_steps=5):
-    """Patch `module` so that its envs truncate every episode after `episode_steps` steps (the
-    runner's make_env) and every update reports what it passes to compute_gae; returns the list
+    """Patch the runner's make_env so that envs truncate every episode after `episode_steps` steps,
+    and `module` so that every update reports what it passes to compute_gae; returns the list
     that the runs then fill, one entry per run and update: float64 numpy arrays [T, N] (rewards,
     values, next_values, terminated, truncated). In 5 steps from its start state CartPole-v1
     cannot terminate, so every episode end is a truncation whose final observation differs from
@@ -196,7 +221,8 @@ def record_gae_inputs_with_short_episodes(module, monkeypatch, episode_steps=5):
     import jax
     import numpy as np
 
-    make, gae, calls = module.make_env, module.compute_gae, []
+    from runner import envs
+    make, gae, calls = envs.make_env, module.compute_gae, []
 
     def short_make(args):
         env, env_params = make(args)
@@ -207,7 +233,7 @@ def record_gae_inputs_with_short_episodes(module, monkeypatch, episode_steps=5):
                            *inputs[:5])
         return gae(*inputs)
 
-    monkeypatch.setattr(module, "make_env", short_make)
+    monkeypatch.setattr(envs, "make_env", short_make)
     monkeypatch.setattr(module, "compute_gae", recording_gae)
     return calls
 

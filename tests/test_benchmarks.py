@@ -8,7 +8,8 @@ import sys
 import numpy as np
 import pytest
 
-from conftest import ROOT
+from conftest import ROOT, validated
+from runner import events, flags
 
 
 def parse_tables(markdown):
@@ -267,13 +268,14 @@ def test_numpy_baselines_run_q_learning_as_the_file_does():
     import bench_q_learning
     import q_learning as ql
 
+    Args = flags.args_class(ql)
     for slip in (0.0, 0.2):  # a small open grid, where the goal is soon reached
-        grid = bench_q_learning.NumpyGrid(ql, ql.Args(grid_size=(3, 4), walls=(), goal=(2, 3),
-                                                      slip=slip))
+        grid = bench_q_learning.NumpyGrid(ql, Args(grid_size=(3, 4), walls=(), goal=(2, 3),
+                                                   slip=slip))
         loop = bench_q_learning.numpy_loop(grid, 2_000)
         np.testing.assert_array_equal(loop, bench_q_learning.numpy_vectorised(grid, 1, 2_000))
         assert grid.greedy_optimal(loop) > 0.5  # it learned
-    grid = bench_q_learning.NumpyGrid(ql, ql.Args())
+    grid = bench_q_learning.NumpyGrid(ql, Args())
     q = bench_q_learning.numpy_loop(grid, 100_000)
     assert grid.greedy_optimal(q) == 1.0
     v_error = np.abs(q[0].max(-1) - grid.q_star.max(-1))[grid.scored]
@@ -327,8 +329,8 @@ def test_live_check_reads_the_scalars_ppo_appends_while_it_runs(tmp_path):
     sys.path.insert(0, str(ROOT / "benchmarks"))
     import bench_long_runs
 
-    args = ppo.validate(ppo.Args(num_seeds=2))
-    board = ppo.Tensorboard(tmp_path, args, np.zeros((1, 0)))
+    args = validated(ppo, num_seeds=2)
+    board = events.Tensorboard(tmp_path, args, np.zeros((1, 0)))
     assert bench_long_runs.scalar_steps(tmp_path) == []
     segment = lambda *steps: {"env_steps": np.array([steps, steps]), "episode_return": np.full(
         (2, len(steps)), 20.0), "loss/value": np.full((2, len(steps)), 0.5)}

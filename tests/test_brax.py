@@ -1,4 +1,4 @@
-"""Brax's physics tasks behind gymnax's interface (--env-id brax/<name>, the runner's brax_env):
+"""Brax's physics tasks behind gymnax's interface (--env-id brax/<name>, the runner's envs module):
 checked against Brax itself; a time limit is a truncation (the files bootstrap through it from
 info["final_observation"]), a fall a termination; the files that take continuous actions train on
 one; bad input is one line before anything compiles."""
@@ -15,7 +15,8 @@ import ppo
 import ppo_rnn
 import sac
 import vpg
-from conftest import assert_usage_error
+from conftest import assert_usage_error, validated
+from runner import envs, evaluation, files, flags, sweep
 
 pytestmark = pytest.mark.usefixtures("quicker_compiles")  # (conftest: LLVM -O0)
 
@@ -25,12 +26,12 @@ BACKEND = "spring"  # the adapter's tests: any backend (spring compiles fastest)
 
 def env_of(env_id, steps=None):
     """(env, env_params, Brax's own task) of env_id, its episodes cut after `steps`."""
-    from brax import envs
+    import brax.envs
 
-    env, env_params = ppo.make_env(ppo.Args(env_id=env_id, brax_backend=BACKEND))
+    env, env_params = envs.make_env(flags.args_class(ppo)(env_id=env_id, brax_backend=BACKEND))
     if steps:
         env_params = env_params.replace(max_steps_in_episode=steps)
-    return env, env_params, envs.get_environment(env_id[len("brax/"):], backend=BACKEND)
+    return env, env_params, brax.envs.get_environment(env_id[len("brax/"):], backend=BACKEND)
 
 
 @partial(jax.jit, static_argnums=0)  # one program for the tests below (env_params an argument)
@@ -103,17 +104,17 @@ def test_ppo_over_two_devices_resumes_bit_for_bit(backend, tmp_path):
     mjx's state holds arrays of no elements, which crashed XLA's compile over 2 devices until the
     adapter left them out. (brax/hopper after SIGTERM as a user runs it: the commit that added
     this test.)"""
-    args = ppo.validate(ppo.Args(env_id="brax/inverted_pendulum", brax_backend=backend,
-                                 num_seeds=1, num_envs=4, num_steps=32, num_minibatches=2,
-                                 update_epochs=1, hidden_size=8, total_timesteps=4 * 32 * 4,
-                                 num_segments=4, track=False))
-    runs = list(ppo.segments(args))
+    args = validated(ppo, env_id="brax/inverted_pendulum", brax_backend=backend,
+                     num_seeds=1, num_envs=4, num_steps=32, num_minibatches=2,
+                     update_epochs=1, hidden_size=8, total_timesteps=4 * 32 * 4,
+                     num_segments=4, track=False)
+    runs = list(sweep.segments(args))
     (state, metrics, timing), (final_state, final, last) = runs[1], runs[-1]
     assert last["span"] == 2 and np.isfinite(final["episode_return"]).any()
-    ppo.write_checkpoint(str(tmp_path), args, state, metrics, timing["num_updates"], 2)
-    resumed_args, checkpoint = ppo.read_saved(
+    files.write_checkpoint(str(tmp_path), args, state, metrics, timing["num_updates"], 2)
+    resumed_args, checkpoint = files.read_saved(
         dataclasses.replace(args, resume=str(tmp_path)), ["--resume", str(tmp_path)])
-    *_, (resumed_state, resumed, _) = ppo.segments(
+    *_, (resumed_state, resumed, _) = sweep.segments(
         resumed_args, start=(checkpoint["state"], checkpoint["metrics"]))
     jax.tree.map(np.testing.assert_array_equal, resumed, final)
     jax.tree.map(np.testing.assert_array_equal, resumed_state, final_state)
@@ -131,14 +132,14 @@ def test_every_continuous_file_trains_on_a_brax_task(module, tmp_path):
                      buffer_size=256, batch_size=16)
     if module is ppo_rnn:
         small["num_minibatches"] = 2
-    args = module.validate(module.Args(env_id="brax/inverted_pendulum", brax_backend=BACKEND,
-                                       num_seeds=2, eval_episodes=2, track=False, **small))
-    state, metrics, _ = module.run(args)
+    args = validated(module, env_id="brax/inverted_pendulum", brax_backend=BACKEND,
+                     num_seeds=2, eval_episodes=2, track=False, **small)
+    state, metrics, _ = sweep.run(args)
     assert np.isfinite(metrics["episode_return"]).any(1).all(), metrics["episode_return"]
     if module is vpg:
-        evals = module.evaluator(args)(state)
+        evals = evaluation.evaluator(args)(state)
         assert all(np.isfinite(v).all() and (v != 0).all() for v in evals.values()), evals
-        gif = module.capture_gif(str(tmp_path / "episode.gif"), args, state)
+        gif = evaluation.capture_gif(str(tmp_path / "episode.gif"), args, state)
         with Image.open(gif) as image:
             assert 2 <= image.n_frames < 1000 and image.size == (320, 240)
             frames = []
@@ -150,9 +151,8 @@ def test_every_continuous_file_trains_on_a_brax_task(module, tmp_path):
 
 @pytest.mark.parametrize("script, flags, message", [
     ("ppo.py", ["--env-id", "brax/hoper"], "Brax has no such env; it has "),
-    ("pqn.py", ["--env-id", "brax/hopper"], "PQN needs discrete actions"),
+    ("pqn.py", ["--env-id", "brax/hopper"], "pqn.py runs no Brax task"),
     ("ppo.py", ["--brax-backend", "spring"], "--brax-backend is for Brax's envs"),
-    ("q_learning.py", ["--env-id", "FrozenLake-misc", "--capture-gif"], "--capture-gif draws"),
 ])
 def test_bad_input_is_one_line_before_compiling(script, flags, message, tmp_path):
     assert_usage_error(script, flags, message, tmp_path)

@@ -11,7 +11,8 @@ import pytest
 import ppo
 import q_learning as ql
 import vpg
-from conftest import run_script
+from conftest import run_script, validated
+from runner import devices, flags, reports, sweep
 
 TINY = {  # script -> flags of a run that compiles and trains in a few seconds
     "ppo.py": ["--num-envs", 4, "--num-steps", 16, "--num-minibatches", 2,
@@ -60,11 +61,11 @@ def test_seeds_not_divisible_by_devices_span_them(module):
     device idling; with an odd count of agents to split, 1 device."""
     flags = dict(zip(*[iter(TINY[os.path.basename(module.__file__)])] * 2))
     fields = {k.lstrip("-").replace("-", "_"): v for k, v in flags.items()}
-    args = module.validate(module.Args(num_seeds=3, track=False, **fields))
-    _, metrics, timing = module.run(args)
+    args = validated(module, num_seeds=3, track=False, **fields)
+    _, metrics, timing = sweep.run(args)
     assert (timing["devices"], timing["span"]) == (2, 2)
     assert np.asarray(metrics["env_steps"]).shape[0] == 3
-    assert module.layout(module.validate(module.Args(num_seeds=3, num_agents=3))).size == 1
+    assert devices.layout(validated(module, num_seeds=3, num_agents=3)).size == 1
 
 
 @pytest.mark.parametrize("module", [ppo, vpg, ql], ids=lambda m: m.__name__)
@@ -75,6 +76,6 @@ def test_progress_before_any_episode_ends(module):
                "stats/greedy_optimal": np.zeros((2, 3)), "stats/q_error": np.ones((2, 3))}
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # no "Mean of empty slice"
-        line = module.progress(module.Args(num_seeds=2, total_timesteps=10), metrics,
+        line = reports.progress(flags.args_class(module)(num_seeds=2, total_timesteps=10), metrics,
                                {"sps": 1.0, "first": 1, "num_updates": 4})
     assert "no episode finished yet" in line and "nan" not in line

@@ -17,7 +17,8 @@ import pytest
 
 import ppo
 import q_learning as ql
-from conftest import ALGOS, read_scalars
+from conftest import ALGOS, read_scalars, validated
+from runner import devices, evaluation, files, flags, reports, sweep
 
 SWEEP = {  # module -> Args of a 2-configuration x 2-seed sweep that trains in seconds
     ql: dict(num_agents=2, num_steps=10, total_timesteps=40, learning_rate=(0.1, 0.5),
@@ -54,7 +55,7 @@ def written(module, run_dir, args):
     """[configs, seeds, updates] of METRIC[module] as process 0 wrote it to tensorboard."""
     config_dir = lambda config: run_dir / f"learning_rate={config['learning_rate']:g}"
     return np.float32([[[v for _, v in read_scalars(config_dir(c) / f"seed_{k}", METRIC[module][1])]
-                        for k in range(args.num_seeds)] for c in module.grid(args)])
+                        for k in range(args.num_seeds)] for c in flags.grid(args)])
 
 
 @pytest.mark.parametrize("module", SWEEP, ids=ids)
@@ -65,13 +66,13 @@ def test_two_processes_write_what_one_computes(module, tmp_path):
     assert re.search(r"(?<!\d)2 device\(s\)", out0), out0  # process 0 reports all devices
     assert "final return" not in out1 and "steps " not in out1, out1  # process 1 stays silent
 
-    args = module.validate(module.Args(track=False, pbt=True, **SWEEP[module]))
-    _, metrics, timing = module.run(args)  # conftest's 2 devices: the same runs on each device
+    args = validated(module, track=False, pbt=True, **SWEEP[module])
+    _, metrics, timing = sweep.run(args)  # conftest's 2 devices: the same runs on each device
     (run_dir,) = tmp_path.glob("*__*")  # one run directory, process 0's
     values = written(module, run_dir, args)
     np.testing.assert_array_equal(values, metrics[METRIC[module][0]])
     runs = {k: v.reshape(-1, v.shape[-1]) for k, v in metrics.items()}  # [runs, updates]
-    table = module.summary(args, runs, timing).splitlines()[:-1]
+    table = reports.summary(args, runs, timing).splitlines()[:-1]
     assert all(row in out0.splitlines() for row in table), (table, out0)
     assert any(line.startswith("population by lineage, best first") for line in table)
 
@@ -87,8 +88,8 @@ def test_one_run_over_two_processes_writes_what_one_process_computes(tmp_path):
     (out0, err0), (out1, err1) = (p.communicate(timeout=300) for p in procs)
     assert procs[0].returncode == 0 and procs[1].returncode == 0, err0[-2000:] + err1[-2000:]
     assert "2 device(s) (2 a run)" in out0, out0
-    args = ppo.validate(ppo.Args(track=False, **fields))
-    _, metrics, timing = ppo.run(args)
+    args = validated(ppo, track=False, **fields)
+    _, metrics, timing = sweep.run(args)
     assert timing["span"] == 2
     (run_dir,) = tmp_path.glob("*__*")
     for key, tag in [("loss/value", "losses/value"), ("episode_return", "charts/episodic_return")]:
@@ -97,7 +98,7 @@ def test_one_run_over_two_processes_writes_what_one_process_computes(tmp_path):
                 zip(metrics["env_steps"][0], metrics[key][0]) if np.isfinite(value)}
         assert written == ours, (key, written, ours)
     saved = flax.serialization.msgpack_restore((run_dir / "model.msgpack").read_bytes())
-    played = ppo.evaluator(args)(ppo.load_model(args, saved))
+    played = evaluation.evaluator(args)(files.load_model(args, saved))
     for tag, values in played.items():
         assert f"{tag} per seed (4 episodes): {values[0]:.4g}" in out0, (tag, values, out0)
 
@@ -122,8 +123,8 @@ def test_killed_distributed_run_resumes(tmp_path):
     for proc in procs:
         _, err = proc.communicate(timeout=300)
         assert proc.returncode == 0, err[-2000:]
-    args = ql.validate(ql.Args(track=False, **fields))
-    np.testing.assert_array_equal(written(ql, run_dir, args), ql.run(args)[1]["stats/q_error"])
+    args = validated(ql, track=False, **fields)
+    np.testing.assert_array_equal(written(ql, run_dir, args), sweep.run(args)[1]["stats/q_error"])
 
 
 def test_a_signal_to_one_process_stops_them_all_after_the_same_segment(tmp_path):
@@ -162,8 +163,8 @@ def test_runs_that_do_not_split_over_the_processes(tmp_path):
 def test_a_missing_process_is_one_line_after_the_timeout(process_id, message, monkeypatch):
     """A one-line error once JOIN_TIMEOUT_S has passed, instead of a hang or JAX's abort
     (checked in-process with a 2 s timeout; nothing else listens on the port)."""
-    monkeypatch.setattr(ppo, "JOIN_TIMEOUT_S", 2)
-    args = ppo.Args(coordinator_address=f"127.0.0.1:{free_port()}", num_processes=2,
+    monkeypatch.setattr(devices, "JOIN_TIMEOUT_S", 2)
+    args = flags.args_class(ppo)(coordinator_address=f"127.0.0.1:{free_port()}", num_processes=2,
                     process_id=process_id)
-    with pytest.raises(ppo.ArgError, match=f"{message} within 2 s"):
-        ppo.start_processes(args)
+    with pytest.raises(flags.ArgError, match=f"{message} within 2 s"):
+        devices.start_processes(args)

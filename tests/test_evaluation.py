@@ -11,11 +11,12 @@ import pytest
 
 import ppo
 import q_learning as ql
-from conftest import assert_usage_error, make_train, read_scalars, run_main
+from conftest import FIXTURES, assert_usage_error, read_scalars, run_main, validated
+from runner import cli, evaluation, files, flags, sweep
 
 TINY = dict(num_envs=8, num_steps=64, num_minibatches=4, total_timesteps=8 * 64 * 6,
             num_segments=3, hidden_size=16)
-TINY_FLAGS = [x for k, v in TINY.items() for x in (ppo.flag(k), str(v))]
+TINY_FLAGS = [x for k, v in TINY.items() for x in (flags.flag(k), str(v))]
 
 
 def cartpole_random_returns(episodes, rng):
@@ -41,8 +42,8 @@ def cartpole_random_returns(episodes, rng):
 
 def initial_state(args):
     """The state init gives one run of args (its one seed, leaves [1, ...]), as the runner's."""
-    hp = {k: np.float32([v]) for k, v in ppo.grid(args)[0].items()}
-    return jax.vmap(make_train(ppo, args).init)(jax.random.PRNGKey(0)[None], hp)
+    hp = {k: np.float32([v]) for k, v in flags.grid(args)[0].items()}
+    return jax.vmap(sweep.build_train(args).init)(jax.random.PRNGKey(0)[None], hp)
 
 
 def test_a_uniform_policy_scores_what_a_numpy_rollout_of_it_scores():
@@ -50,11 +51,11 @@ def test_a_uniform_policy_scores_what_a_numpy_rollout_of_it_scores():
     its sampled evaluation over 2000 episodes matches 20000 numpy episodes of random actions
     within 4 standard errors (about 22 steps an episode, std 12); its greedy one always pushes
     left, which ends every episode within a few tens of steps."""
-    args = ppo.validate(ppo.Args(num_seeds=1, eval_episodes=2000, **TINY))
+    args = validated(ppo, num_seeds=1, eval_episodes=2000, **TINY)
     state = initial_state(args)
     last = state.params["params"]["actor"]["layers_4"]
     last.update(jax.tree.map(np.zeros_like, last))
-    evals = ppo.evaluator(args)(state)
+    evals = evaluation.evaluator(args)(state)
     reference = cartpole_random_returns(20_000, np.random.default_rng(0))
     error = reference.std() * np.sqrt(1 / 2000 + 1 / 20_000)
     sampled = evals["eval/episodic_return_sampled"][0]
@@ -97,8 +98,8 @@ def test_every_segment_and_a_saved_model_played_back_exactly(tmp_path, capsys):
     model = run_dir / "model.msgpack"
     out = run_main(ppo, ["--load-model", model], capsys)
     saved = flax.serialization.msgpack_restore(model.read_bytes())
-    args, _ = ppo.read_saved(ppo.validate(ppo.Args(load_model=str(model))), [])
-    again = ppo.evaluator(args)(ppo.load_model(args, saved))
+    args, _ = files.read_saved(validated(ppo, load_model=str(model)), [])
+    again = evaluation.evaluator(args)(files.load_model(args, saved))
     for tag, values in end.items():
         np.testing.assert_array_equal(np.float32(again[tag]), values)
         assert f"{tag} per seed (8 episodes): " + " ".join(f"{x:.4g}" for x in again[tag]) in out
@@ -111,13 +112,13 @@ def test_every_segment_and_a_saved_model_played_back_exactly(tmp_path, capsys):
 
 def test_a_model_that_does_not_fit_is_refused(tmp_path, capsys):
     """A model whose network is not the one its flags build (edited after saving) is refused."""
-    args = ppo.validate(ppo.Args(num_seeds=1, **TINY))
+    args = validated(ppo, num_seeds=1, **TINY)
     state = initial_state(args)
-    path = ppo.save_model(str(tmp_path), args, state)
+    path = files.save_model(str(tmp_path), args, state)
     saved = flax.serialization.msgpack_restore(open(path, "rb").read())
     saved["params"]["params"]["actor"]["layers_0"]["kernel"] = np.zeros((1, 4, 17), np.float32)
-    with pytest.raises(ppo.ArgError, match="does not fit"):
-        ppo.load_model(dataclasses.replace(args, load_model=path), saved)
+    with pytest.raises(flags.ArgError, match="does not fit"):
+        files.load_model(dataclasses.replace(args, load_model=path), saved)
     # From the command line: one line, and no folder removed (a run's of the same second, which
     # a failed training run removes as its own: --load-model makes none)
     edited = tmp_path / "edited.msgpack"
@@ -128,7 +129,7 @@ def test_a_model_that_does_not_fit_is_refused(tmp_path, capsys):
             mock.patch.object(sys, "argv", ["ppo.py", "--load-model", str(edited), "--log-dir",
                                             str(tmp_path / "runs")]), \
             pytest.raises(SystemExit) as exit_info:
-        ppo.main()
+        cli.main(ppo)
     assert exit_info.value.code == 2 and "does not fit" in capsys.readouterr().err
     assert other.is_dir()
 
@@ -136,9 +137,9 @@ def test_a_model_that_does_not_fit_is_refused(tmp_path, capsys):
 def test_a_model_plays_on_fewer_devices_than_it_trained_on(tmp_path, capsys):
     """A model saved by a run over more devices than this process has (--devices-per-run 3 here,
     on 2) plays: playing takes no layout of runs over devices."""
-    args = ppo.validate(ppo.Args(num_seeds=1, devices_per_run=3, **TINY))
+    args = validated(ppo, num_seeds=1, devices_per_run=3, **TINY)
     state = initial_state(args)
-    path = ppo.save_model(str(tmp_path), args, state)
+    path = files.save_model(str(tmp_path), args, state)
     out = run_main(ppo, ["--load-model", path, "--eval-episodes", 2], capsys)
     assert "eval/episodic_return_greedy per seed (2 episodes): " in out
 
@@ -152,3 +153,15 @@ def test_q_learning_has_no_policy_to_play_but_plays_its_pictures(tmp_path, capsy
     (run_dir,) = tmp_path.iterdir()
     out = run_main(ql, ["--load-model", run_dir / "model.msgpack", "--plot"], capsys)
     assert f"saved {run_dir / 'q_values.png'}" in out and "eval/" not in out
+
+
+def test_a_model_written_before_the_runner_moved_plays(capsys):
+    """tests/fixtures/ppo_model.msgpack: the model ppo.py saved of its CartPole-v1 preset (2 seeds,
+    300k steps, greedy evaluation 500 on both) when the runner was a copy in every file
+    (e6f17f4): it loads and plays its greedy episodes to the end again."""
+    model = FIXTURES / "ppo_model.msgpack"
+    out = run_main(ppo, ["--load-model", model, "--eval-episodes", 16], capsys)
+    (line,) = [x for x in out.splitlines() if x.startswith("eval/episodic_return_greedy per seed")]
+    assert line.startswith("eval/episodic_return_greedy per seed (16 episodes): ")
+    greedy = [float(x) for x in line.split(": ")[1].split()]
+    assert len(greedy) == 2 and min(greedy) >= 475, line

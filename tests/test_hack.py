@@ -1,11 +1,13 @@
-"""Copy and hack: the edits a researcher makes to a copy of ppo.py are short and touch only the
-algorithm above the fence. Three of them, applied as text to a copy, then a tiny sweep of it:
-a KL penalty (a swept coefficient) in 3 places, a new metric in 1 line, another optimiser in 1."""
+"""Copy and hack: the edits a researcher makes to a copy of ppo.py are short and touch only its
+algorithm (the runner is not in the file). Three of them, applied as text to a copy, then a tiny
+sweep of it: a KL penalty (a swept coefficient) in 3 places, a new metric in 1 line, another
+optimiser in 1."""
 import importlib.util
 
 import numpy as np
 
-from conftest import ALGOS
+from conftest import ALGOS, validated
+from runner import sweep
 
 EDITS = {  # what -> [(text of ppo.py, its replacement)], each a place of the file
     "kl_penalty": [
@@ -25,10 +27,10 @@ EDITS = {  # what -> [(text of ppo.py, its replacement)], each a place of the fi
 
 def test_three_hacks_on_a_copy_train(tmp_path):
     text = (ALGOS / "ppo.py").read_text()
-    fence = text.index("\n# " + "=" * 76 + " runner")
+    tail = text.index("\n# " + "=" * 76 + " 7. the tail")
     for what, places in EDITS.items():
         for old, new in places:
-            assert text.count(old) == 1 and text.index(old) < fence, (what, old)
+            assert text.count(old) == 1 and text.index(old) < tail, (what, old)
             text = text.replace(old, new)
     assert len(EDITS["kl_penalty"]) == 3 and all(
         len(EDITS[k]) == 1 and EDITS[k][0][1].count("\n") == 0 for k in ("new_metric", "optimiser"))
@@ -37,11 +39,11 @@ def test_three_hacks_on_a_copy_train(tmp_path):
     hacked = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(hacked)
 
-    args = hacked.validate(hacked.Args(
-        env_id="CartPole-v1", num_envs=4, num_steps=16, num_minibatches=2, update_epochs=2,
-        total_timesteps=4 * 16 * 3, hidden_size=16, num_seeds=2, track=False,
-        kl_coef=(0.0, 5.0)))
-    state, metrics, _ = hacked.run(args)
+    args = validated(
+        hacked, env_id="CartPole-v1", num_envs=4, num_steps=16, num_minibatches=2,
+        update_epochs=2, total_timesteps=4 * 16 * 3, hidden_size=16, num_seeds=2, track=False,
+        kl_coef=(0.0, 5.0))
+    state, metrics, _ = sweep.run(args)
     ratio_max = metrics["stats/ratio_max"]  # [2 coefficients, 2 seeds, 3 updates]
     assert ratio_max.shape == (2, 2, 3) and np.all(np.isfinite(ratio_max)) and np.any(ratio_max > 1)
     # The penalty is a swept, traced coefficient: the same seeds, other losses from update 2 on.

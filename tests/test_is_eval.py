@@ -14,7 +14,7 @@ import pytest
 import scipy.stats
 
 import is_eval
-from conftest import assert_usage_error, help_text, make_train, read_scalars, run_script
+from conftest import assert_usage_error, help_text, read_scalars, run_script, validated
 
 WEIGHTED = ("wis", "wpdis", "wdr")
 BETTING_LINE = (r"^betting \(valid for every n\): V\^pi >= (\S+) with probability >= 0.95; V\^pi "
@@ -942,7 +942,7 @@ def test_bad_values_in_dataset_are_one_line_exit_2(array, value, message, tmp_pa
                        f"--dataset: episode 3, step 2: {message}", tmp_path)
 
 
-@pytest.mark.parametrize("flags, flag", [
+@pytest.mark.parametrize("typed, flag", [
     (["--gamma", "1.5"], "--gamma"),
     (["--gamma", "-0.1"], "--gamma"),
     (["--num-episodes", "0"], "--num-episodes"),
@@ -958,8 +958,8 @@ def test_bad_values_in_dataset_are_one_line_exit_2(array, value, message, tmp_pa
     (["--dataset", "missing.npz"], "--dataset"),
     (["--target-model", "missing.msgpack"], "--target-model"),
 ])
-def test_bad_input_is_one_line_exit_2(flags, flag, tmp_path):
-    assert_usage_error("is_eval.py", flags, flag, tmp_path)
+def test_bad_input_is_one_line_exit_2(typed, flag, tmp_path):
+    assert_usage_error("is_eval.py", typed, flag, tmp_path)
 
 
 def test_cli_usage_error_exit_code(tmp_path):
@@ -970,15 +970,15 @@ def test_cli_usage_error_exit_code(tmp_path):
 
 
 # ----------------------------------------------------------------------------- --target-model
-def save_ppo_model(folder, env_id, **flags):
+def save_ppo_model(folder, env_id, **given):
     """A model.msgpack written by ppo.py's own save_model for 2 seeds, with small random parameters
     in its network's tree (the file layout is what matters here, not how good the policy is)."""
     import ppo
+    from runner import files, flags, sweep
 
-    args = ppo.validate(ppo.Args(env_id=env_id, num_seeds=2, hidden_size=16, normalize_obs=True,
-                                 **flags))
-    hp = {k: jnp.float32(v) for k, v in ppo.grid(args)[0].items()}
-    shapes = jax.eval_shape(make_train(ppo, args).init, jax.random.PRNGKey(0), hp)
+    args = validated(ppo, env_id=env_id, num_seeds=2, hidden_size=16, normalize_obs=True, **given)
+    hp = {k: jnp.float32(v) for k, v in flags.grid(args)[0].items()}
+    shapes = jax.eval_shape(sweep.build_train(args).init, jax.random.PRNGKey(0), hp)
     rng = np.random.default_rng(9)
     params = jax.tree.map(lambda x: rng.normal(0.0, 0.3, (2, *x.shape)).astype(np.float32),
                           shapes.params)
@@ -986,7 +986,8 @@ def save_ppo_model(folder, env_id, **flags):
     stats = types.SimpleNamespace(mean=rng.normal(size=(2, *obs_shape)),
                                   var=rng.uniform(0.5, 2.0, (2, *obs_shape)))
     folder.mkdir(parents=True, exist_ok=True)
-    return ppo.save_model(str(folder), args, types.SimpleNamespace(params=params, obs_stats=stats))
+    state = types.SimpleNamespace(params=params, obs_stats=stats)
+    return files.save_model(str(folder), args, state)
 
 
 def test_target_model(tmp_path, capsys):
@@ -1004,8 +1005,8 @@ def test_target_model(tmp_path, capsys):
     assert any((tmp_path / "runs").glob("CartPole-v1__is_eval__1__*/events.out.tfevents.*"))
     with pytest.raises(is_eval.ArgError, match="--model-seed"):
         is_eval.load_target_model(is_eval.Args(target_model=saved, model_seed=2))
-    for env_id, flags in [("Pendulum-v1", {}), ("Breakout-MinAtar", {"network": "cnn"})]:
-        model = save_ppo_model(tmp_path / env_id, env_id, **flags)
+    for env_id, given in [("Pendulum-v1", {}), ("Breakout-MinAtar", {"network": "cnn"})]:
+        model = save_ppo_model(tmp_path / env_id, env_id, **given)
         with pytest.raises(is_eval.ArgError, match=f"policy of {env_id}; this file rebuilds"):
             is_eval.load_target_model(is_eval.Args(target_model=model))
 
@@ -1019,7 +1020,7 @@ def test_target_model_of_image_observations(tmp_path):
     model = is_eval.load_target_model(is_eval.Args(target_model=saved, model_seed=1))
     assert model.activation == "relu"
     episodes, log_pi = is_eval.collect_gymnax(jax.random.PRNGKey(0), model, 0.5, 4, 6)
-    args = ppo.validate(ppo.Args(env_id="Breakout-MinAtar", hidden_size=16))
+    args = validated(ppo, env_id="Breakout-MinAtar", hidden_size=16)
     params = flax.serialization.msgpack_restore(open(saved, "rb").read())["params"]
     obs = np.clip((episodes.obs.reshape(4, 6, -1) - model.obs_mean)
                   / np.sqrt(model.obs_var + 1e-8), -10, 10)

@@ -1,11 +1,14 @@
-"""The algorithm first: each training file (ppo, vpg, q_learning, pqn, ppo_rnn, sac) opens with its
-algorithm, then a fence line, then the runner, the same in every file byte for byte. The runner
-opens with its contract, the names it reads from above the fence; it reads no other, and nothing
-above the fence uses the runner."""
+"""The algorithm first: each training file (ppo, vpg, q_learning, pqn, ppo_rnn, sac) holds its
+algorithm and ends with the same tail, which hands the module to the runner (algos/runner/). The
+runner reads from it only the names of its contract (runner/__init__.py), imports no algorithm
+file, and its modules import one another without a cycle; nothing above a file's tail uses it."""
 import ast
 import contextlib
+import dataclasses
+import difflib
 import io
 import re
+import subprocess
 import sys
 import typing
 from unittest import mock
@@ -17,53 +20,131 @@ import ppo
 import ppo_rnn
 import pqn
 import q_learning as ql
+import runner
 import sac
 import vpg
-from conftest import ALGOS
+from conftest import ALGOS, ROOT, offered, validated
+from runner import cli, flags
 
-FENCE = re.compile(r"^# =+ runner$", re.M)
-# The most lines above the fence, of the runner and of a file: DEVELOPERS.md's 460 above the fence
-# (asked for: ppo.py 473, its table of Brax presets; ppo_rnn.py 468, its GRU; sac.py 469, the
-# critics' LayerNorm and the annealing that brax/inverted_double_pendulum needs, 51's tenth-session
-# note); the runner 1196 and a file 1669, asked for in issue 52's, 51's and 53's notes: a Shard for
-# runs over several devices (60 lines), Brax's tasks behind gymnax's interface (83; their GIF by
-# MuJoCo's renderer, 17 more) and issue 53's PBT (109: a schedule in env steps, fitness over
-# episodes, resampling, reports of final values) beside the runner's 935; and 15 asked for in 51's
-# ninth-session note: seven bugs fixed (a signal in the last segment, flags typed as --no-x or
-# --x_y on --resume, a value swept twice, a final return of NaN where no episode ended at the end,
-# --load-model's layout, folder and --pbt check, write_atomic's temporary file).
-ABOVE = {"ppo": 473, "vpg": 460, "q_learning": 460, "pqn": 460, "ppo_rnn": 468, "sac": 469}
-RUNNER_LINES, FILE_LINES, MAKE_TRAIN_LINES = 1211, 1684, 120
 MODULES = {"ppo": ppo, "vpg": vpg, "q_learning": ql, "pqn": pqn, "ppo_rnn": ppo_rnn, "sac": sac}
+RUNNER = sorted((ALGOS / "runner").glob("*.py"))
+TAIL = re.compile(r"^# =+ 7\. the tail$", re.M)
+FILE_LINES, MODULE_LINES, RUNNER_LINES, MAKE_TRAIN_LINES = 520, 300, 1150, 120
 
 
-def split(name, text=None):
-    """(algorithm, runner) of algos/<name>.py: the text above the fence line, and from it on."""
-    text = text or (ALGOS / f"{name}.py").read_text()
-    (fence,) = FENCE.finditer(text)  # exactly one fence
-    return text[:fence.start()], text[fence.start():]
+def split(name):
+    """(algorithm, tail) of algos/<name>.py: the text above its tail's heading, and from it on."""
+    text = (ALGOS / f"{name}.py").read_text()
+    (tail,) = TAIL.finditer(text)  # exactly one
+    return text[:tail.start()], text[tail.start():]
 
 
-def test_runners_are_byte_identical():
-    runners = {name: split(name)[1] for name in ABOVE}
-    for name in ABOVE:
-        assert runners[name] == runners["ppo"], name
+def test_line_budgets():
+    for name in MODULES:
+        text = (ALGOS / f"{name}.py").read_text()
+        assert text.count("\n") <= FILE_LINES, name
+        assert all(len(line) <= 100 for line in text.splitlines()), name
+    lengths = {path.name: path.read_text().count("\n") for path in RUNNER}
+    assert max(lengths.values()) <= MODULE_LINES and sum(lengths.values()) <= RUNNER_LINES, lengths
+    loss = next(i for i, line in enumerate((ALGOS / "ppo.py").read_text().splitlines())
+                if line.startswith("def loss_fn"))
+    assert loss < 250  # (CONVENTIONS: PPO's loss before line 250)
 
 
-@pytest.mark.parametrize("name", ABOVE)
-def test_line_budgets(name):
-    algorithm, runner = split(name)
-    assert algorithm.count("\n") <= ABOVE[name]
-    assert runner.count("\n") <= RUNNER_LINES and (algorithm + runner).count("\n") <= FILE_LINES
-    assert all(len(line) <= 100 for line in (algorithm + runner).splitlines())
+def test_the_tails_are_identical_and_nothing_above_them_uses_the_runner():
+    tails = {name: split(name)[1] for name in MODULES}
+    assert len(set(tails.values())) == 1 and "cli.main(sys.modules[__name__])" in tails["ppo"]
+    for name in MODULES:
+        tree = ast.parse(split(name)[0])
+        imported = {alias.name.split(".")[0] for node in ast.walk(tree)
+                    if isinstance(node, (ast.Import, ast.ImportFrom)) for alias in node.names}
+        imported |= {node.module.split(".")[0] for node in ast.walk(tree)
+                     if isinstance(node, ast.ImportFrom) and node.module}
+        assert "runner" not in imported, name
+        defined = {n.name for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)}
+        assert "__getattr__" not in defined and "main" not in defined, name
 
 
-@pytest.mark.parametrize("name", ABOVE)
+def test_importing_a_training_file_loads_no_runner():
+    """`import ppo` (and every other training file) loads no module of the runner."""
+    code = ("import sys; sys.path.insert(0, 'algos'); import ppo, vpg, q_learning, pqn, ppo_rnn, "
+            "sac; print([m for m in sys.modules if m.split('.')[0] == 'runner'])")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
+                         check=True).stdout
+    assert out.strip() == "[]", out
+
+
+@pytest.mark.parametrize("name", MODULES)
+def test_each_file_defines_the_contract_and_only_hooks_that_differ(name):
+    """Every name the contract requires, and a hook of the contract's only where it differs from
+    the runner's default (five files share the defaults; each writes only what is its own)."""
+    module = MODULES[name]
+    for key, default in runner.CONTRACT.items():
+        if default is runner.REQUIRED:
+            assert hasattr(module, key), key
+        elif hasattr(module, key):
+            assert getattr(module, key) != default, key
+
+
+def attributes_read(tree, of: str) -> set:
+    """The attribute names read off an expression named `of` (x.of.NAME or of.NAME)."""
+    return {node.attr for node in ast.walk(tree) if isinstance(node, ast.Attribute)
+            and (getattr(node.value, "id", None) == of or getattr(node.value, "attr", None) == of)}
+
+
+def test_the_runner_reads_only_what_its_contract_lists():
+    """Statically, every name read off `algorithm` (an Algorithm, the module as the runner sees
+    it) is in CONTRACT; and the Algorithm refuses any other at run time (the check can fail)."""
+    for path in RUNNER:
+        read = attributes_read(ast.parse(path.read_text()), "algorithm") - {"module"}
+        assert read <= set(runner.CONTRACT), (path.name, read - set(runner.CONTRACT))
+    algorithm = flags.args_class(ppo).algorithm
+    assert algorithm.HPARAMS is ppo.HPARAMS and algorithm.SPLIT == "num_envs"  # (a default)
+    with pytest.raises(AttributeError, match="RunnerState is not in the runner's contract"):
+        algorithm.RunnerState
+    # The view reads the module at each use: a test's patch of the module reaches the runner.
+    with mock.patch.object(ppo, "resolve", lambda *a: "patched"):
+        assert algorithm.resolve() == "patched"
+
+
+def test_the_runner_imports_no_algorithm_file_and_its_modules_form_no_cycle():
+    """No runner module imports an algorithm file, nor names one (a branch on a file's name);
+    inside the package a module imports modules (`from . import envs`), and no import cycles."""
+    ours = {path.stem for path in RUNNER} - {"__init__"}
+    stems = {path.stem for path in ALGOS.glob("*.py")}
+    graph = {}
+    for path in RUNNER:
+        tree = ast.parse(path.read_text())
+        imports = [n for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom))]
+        names = {a.name.split(".")[0] for n in imports for a in n.names} | {
+            n.module.split(".")[0] for n in imports if isinstance(n, ast.ImportFrom) and n.module}
+        assert not names & stems, (path.name, names & stems)
+        strings = {n.value for n in ast.walk(tree) if isinstance(n, ast.Constant)}
+        assert not strings & (stems | {f"{s}.py" for s in stems}), path.name
+        relative = [a.name for n in imports if isinstance(n, ast.ImportFrom) and n.level
+                    for a in n.names]
+        assert set(relative) <= ours | {"Algorithm"}, (path.name, relative)  # (__init__'s view)
+        graph[path.stem] = set(relative) & ours
+    done, visiting = set(), []
+
+    def visit(node):
+        assert node not in visiting, f"import cycle: {' -> '.join(visiting + [node])}"
+        if node not in done:
+            visiting.append(node)
+            for other in graph[node]:
+                visit(other)
+            visiting.pop()
+            done.add(node)
+
+    for node in graph:
+        visit(node)
+
+
+@pytest.mark.parametrize("name", MODULES)
 def test_make_train_reads_as_the_algorithm(name):
-    """make_train at most 120 lines, and no device plumbing above the fence: the runner's Shard
-    holds it (a run's share of the envs, its keys, its collectives, its minibatches)."""
-    algorithm, _ = split(name)
-    tree = ast.parse(algorithm)
+    """make_train at most 120 lines, and no device plumbing in the file: the runner's Shard holds
+    it (a run's share of the envs, its keys, its collectives, its minibatches)."""
+    tree = ast.parse(split(name)[0])
     (make_train,) = [n for n in tree.body if getattr(n, "name", "") == "make_train"]
     assert make_train.end_lineno - make_train.lineno + 1 <= MAKE_TRAIN_LINES
     defined = {n.name for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.ClassDef))}
@@ -73,8 +154,6 @@ def test_make_train_reads_as_the_algorithm(name):
 def test_vpg_differs_from_ppo_in_little_but_the_loss():
     """diff algos/vpg.py algos/ppo.py: at most 170 changed lines, but ppo.py's table of Brax
     presets (vpg.py has none of its own)."""
-    import difflib
-
     vpg_lines, ppo_lines = ((ALGOS / f"{n}.py").read_text().splitlines() for n in ("vpg", "ppo"))
     first = next(i for i, line in enumerate(ppo_lines) if line.startswith("# Brax, "))
     last = next(i for i, line in enumerate(ppo_lines) if line.startswith("PRESETS = "))
@@ -84,90 +163,61 @@ def test_vpg_differs_from_ppo_in_little_but_the_loss():
     assert len(changed) <= 170, len(changed)
 
 
-def module_names(tree):
-    """Names bound at module level: definitions, assignments and imports."""
-    names = set()
-    for node in tree.body:
-        if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
-            names.add(node.name)
-        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
-            for target in node.targets if isinstance(node, ast.Assign) else [node.target]:
-                names |= {n.id for n in ast.walk(target) if isinstance(n, ast.Name)}
-        elif isinstance(node, (ast.Import, ast.ImportFrom)):
-            names |= {(a.asname or a.name).split(".")[0] for a in node.names}
-    return names
-
-
-def read_from(tree) -> set:
-    """The free names a piece of code reads: loaded, and bound nowhere in it."""
-    names = [n for n in ast.walk(tree) if isinstance(n, ast.Name)]
-    bound = {n.id for n in names if isinstance(n.ctx, ast.Store)} | module_names(tree) | {
-        a.arg for n in ast.walk(tree) if isinstance(n, ast.arguments)
-        for a in n.args + n.kwonlyargs + n.posonlyargs + [n.vararg, n.kwarg] if a}
-    bound |= {n.name for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.ClassDef))}
-    bound |= {(a.asname or a.name).split(".")[0] for n in ast.walk(tree)
-              if isinstance(n, (ast.Import, ast.ImportFrom)) for a in n.names}
-    return {n.id for n in names if isinstance(n.ctx, ast.Load)} - bound
-
-
-def unlisted(algorithm: str, runner: str) -> set:
-    """Names the runner reads from above the fence that its opening contract does not name."""
-    contract = re.match(r"(#.*\n)+", runner).group(0)
-    listed = set(re.findall(r"\w+", contract))
-    return (read_from(ast.parse(runner)) & module_names(ast.parse(algorithm))) - listed
-
-
-@pytest.mark.parametrize("name", ABOVE)
-def test_the_runner_reads_only_what_its_contract_lists(name):
-    algorithm, runner = split(name)
-    assert not unlisted(algorithm, runner)
-    # The check can fail: a runner that reads one more name from above is caught.
-    assert unlisted(algorithm, runner + "\nprint(RunnerState)\n") == {"RunnerState"}
-
-
-@pytest.mark.parametrize("name", ABOVE)
-def test_nothing_above_the_fence_uses_the_runner(name):
-    """Every name the algorithm reads is bound above the fence (or a builtin): the runner's names
-    (Args, ArgError, segments, the tensorboard writer...) are not reachable from it."""
-    algorithm, runner = split(name)
-    below = module_names(ast.parse(runner)) - module_names(ast.parse(algorithm))
-    assert below and not read_from(ast.parse(algorithm)) & below
-
-
 @pytest.mark.parametrize("module", MODULES.values(), ids=MODULES)
 def test_hooks(module):
     """The hooks have the shapes the contract states: SCORE ranks by the return or a SHOWN metric;
     ExtraFlags are switches apart from the hyperparameters; every HPARAMS flag is a float tuple
     whose rule holds for its value and works on arrays; an int flag below its least value (COUNTS,
     else 1) is refused."""
-    assert module.SCORE == "episode_return" or module.SCORE in module.SHOWN
-    fields = {f.name: f for f in module.dataclasses.fields(module.Hyperparams)}
-    for field in module.dataclasses.fields(module.ExtraFlags):
+    algorithm = flags.args_class(module).algorithm
+    assert algorithm.SCORE == "episode_return" or algorithm.SCORE in algorithm.SHOWN
+    fields = {f.name: f for f in dataclasses.fields(module.Hyperparams)}
+    for field in dataclasses.fields(algorithm.ExtraFlags):
         assert field.type is bool and field.name not in fields
-    args = module.validate(module.Args())
+    args = validated(module)
     for name, (_, holds) in module.HPARAMS.items():
         assert "tuple[float, ...]" in str(fields[name].type), name
         values = np.array(getattr(args, name), np.float32)
         assert np.all(holds(values)) and all(holds(float(x)) for x in values), name
     ints = {name for name, f in fields.items() if f.type in (int, typing.Optional[int])}
-    assert ints and set(module.COUNTS) <= ints
+    assert ints and set(algorithm.COUNTS) <= ints
     for name in ints:
-        least = module.COUNTS.get(name, 1)
-        with pytest.raises(module.ArgError, match=f"--{name.replace('_', '-')} must be >= {least}"):
-            module.validate(module.Args(**{name: least - 1}))
+        least = algorithm.COUNTS.get(name, 1)
+        with pytest.raises(flags.ArgError, match=f"--{name.replace('_', '-')} must be >= {least}"):
+            validated(module, **{name: least - 1})
     assert set(module.SIZE_FLAGS) <= set(fields)
 
 
 @pytest.mark.parametrize("module", MODULES.values(), ids=MODULES)
 def test_help_shows_what_runs(module):
     """--help: no flag's default shows as None; a flag a preset or a rule fills shows its value
-    on the default env and where the other envs' come from."""
+    on the default env and where the other envs' come from; a file offers only what it can run
+    (q_learning builds its own env: no Brax, evaluation or GIF flags; pqn no Brax's)."""
     out = io.StringIO()
     with mock.patch.object(sys, "argv", ["x.py", "--help"]), contextlib.redirect_stdout(out), \
             mock.patch.dict("os.environ", {"COLUMNS": "200"}), pytest.raises(SystemExit):
-        module.main()
+        cli.main(module)
     text = out.getvalue()
     assert "(default: None)" not in text and "--learning-rate" in text
+    hidden = {"q_learning": ("--brax-backend", "--capture-gif", "--eval-episodes",
+                             "--eval-every-segment"), "pqn": ("--brax-backend",)}
+    for name in hidden.get(module.__name__, ()):
+        assert name not in text, name
+    for name in offered(flags.args_class(module)):
+        assert flags.flag(name) in text, name
     if module is ppo:
+        assert "--brax-backend" in text and "--capture-gif" in text
         assert re.search(r"parallel environments per seed \(default: 32 on CartPole-v1; per "
                          r"env: PRESETS in ppo.py\)", text), text
+
+
+@pytest.mark.parametrize("module, flag", [(ql, "--capture-gif"), (ql, "--eval-episodes"),
+                                          (ql, "--brax-backend"), (pqn, "--brax-backend")],
+                         ids=lambda x: getattr(x, "__name__", x))
+def test_a_flag_the_file_does_not_offer_is_refused(module, flag, capsys):
+    """A runner's flag that a file cannot use is not on its command line: tyro refuses it, exit 2,
+    naming it, before anything is built."""
+    with mock.patch.object(sys, "argv", [f"{module.__name__}.py", flag, "1"]), \
+            mock.patch.object(module, "make_train", None), pytest.raises(SystemExit) as exit_info:
+        cli.main(module)
+    assert exit_info.value.code == 2 and flag in capsys.readouterr().err

@@ -1,7 +1,7 @@
 """Long runs: the command line trains in segments of one compiled program, writes tensorboard
 events and a checkpoint after each, and --resume continues a killed (kill -9) or interrupted
-(Ctrl-C) run to exactly what the uninterrupted run computes. The runner is the same code in
-ppo.py, vpg.py and q_learning.py (test_layout.py): the kill and Ctrl-C run q_learning's
+(Ctrl-C) run to exactly what the uninterrupted run computes. The runner is the same for every
+file (algos/runner/): the kill and Ctrl-C run q_learning's
 2-configuration sweep as a user would (its compile is the shortest); ppo's state (optimiser,
 normalisation statistics) goes through a checkpoint in this process."""
 import dataclasses
@@ -23,7 +23,16 @@ import pytest
 import ppo
 import q_learning as ql
 import vpg
-from conftest import ALGOS, assert_usage_error, read_scalars, run_script
+from conftest import (
+    ALGOS,
+    FIXTURES,
+    assert_usage_error,
+    read_scalars,
+    run_main,
+    run_script,
+    validated,
+)
+from runner import cli, files, flags, reports, sweep
 
 # module -> Args of a run of 10 segments that take long enough (a few tenths of a second each on
 # 2 cores) for a kill sent after the second one to land before the end: a 2-configuration sweep.
@@ -34,7 +43,7 @@ METRIC = {"stats/q_error": "stats/q_error"}
 ids = lambda m: m.__name__
 
 
-def flags(module, pbt=False):
+def command_line(module, pbt=False):
     return [arg for k, v in RUNS[module].items()
             for arg in (f"--{k.replace('_', '-')}", *(v if isinstance(v, tuple) else [v]))] + (
         ["--pbt"] if pbt else [])
@@ -44,7 +53,7 @@ def start_then_signal(module, log_dir, sig, after, pbt=False):
     """Start the script on RUNS[module] (with --pbt) and send `sig` once `after` progress lines
     are out; returns (return code, stdout, stderr)."""
     proc = subprocess.Popen([sys.executable, str(ALGOS / f"{module.__name__}.py"),
-                             *map(str, flags(module, pbt)), "--save-model", "--log-dir",
+                             *map(str, command_line(module, pbt)), "--save-model", "--log-dir",
                              str(log_dir)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     lines = []
@@ -74,10 +83,10 @@ def reference():
 
     def get(module, pbt=False):
         if (module, pbt) not in cache:
-            args = module.validate(module.Args(track=False, pbt=pbt, **RUNS[module]))
-            state, metrics, timing = module.run(args)
+            args = validated(module, track=False, pbt=pbt, **RUNS[module])
+            state, metrics, timing = sweep.run(args)
             runs = jax.tree.map(lambda x: x.reshape(-1, x.shape[-1]), metrics)  # [runs, updates]
-            text = module.summary(args, runs, timing)
+            text = reports.summary(args, runs, timing)
             cache[module, pbt] = (args, state, metrics, text.splitlines()[:-1])
         return cache[module, pbt]
 
@@ -90,8 +99,8 @@ def assert_same_as_uninterrupted(module, run_dir, out, reference, pbt=False):
     the summary (with --pbt: the population, its hyperparameters and schedule)."""
     args, state, metrics, summary = reference(module, pbt)
     assert [line for line in summary if line in out.splitlines()] == summary, out
-    configs = module.grid(args)
-    for c, (_, config_dir) in enumerate(module.config_dirs(run_dir, args)):
+    configs = flags.grid(args)
+    for c, (_, config_dir) in enumerate(files.config_dirs(run_dir, args)):
         config_dir = Path(config_dir)
         pick = (lambda x: x[c]) if len(configs) > 1 else (lambda x: x)
         for k in range(args.num_seeds):
@@ -190,10 +199,11 @@ def test_a_full_disk_is_one_line_and_the_last_checkpoint_resumes(tmp_path, refer
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
         return real_fsync(fd)
 
-    argv = ["q_learning.py", *map(str, flags(ql)), "--save-model", "--log-dir", str(tmp_path)]
+    argv = ["q_learning.py", *map(str, command_line(ql)), "--save-model", "--log-dir",
+            str(tmp_path)]
     with mock.patch.object(sys, "argv", argv), mock.patch.object(os, "fsync", full_after_two), \
             pytest.raises(SystemExit) as exit_info:
-        ql.main()
+        cli.main(ql)
     (run_dir,) = tmp_path.iterdir()
     err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
     assert exit_info.value.code == 74 and len(err) == 1, err
@@ -201,7 +211,7 @@ def test_a_full_disk_is_one_line_and_the_last_checkpoint_resumes(tmp_path, refer
     assert [p.name for p in run_dir.iterdir() if p.is_file()] == ["checkpoint.msgpack"]
     with mock.patch.object(sys, "argv", ["q_learning.py", "--resume", str(run_dir),
                                          "--save-model"]):
-        ql.main()
+        cli.main(ql)
     assert_same_as_uninterrupted(ql, run_dir, capsys.readouterr().out, reference)
 
 
@@ -211,13 +221,13 @@ def test_a_checkpoint_of_another_file_or_format_is_refused(writer, tmp_path):
     does the file itself when the format is another, in one line, exit 2, nothing compiled."""
     run_dir = tmp_path / "run"
     run_dir.mkdir()
-    args = writer.validate(writer.Args(track=False))
+    args = validated(writer, track=False)
     metrics = {"env_steps": np.zeros((args.num_seeds, 1), np.int32)}
-    writer.write_checkpoint(str(run_dir), args, {}, metrics, 5)
+    files.write_checkpoint(str(run_dir), args, {}, metrics, 5)
     for other in {ppo, vpg, ql} - {writer}:
         assert_usage_error(f"{other.__name__}.py", ["--resume", run_dir],
                            f"written by {writer.__name__}.py", tmp_path)
-    with mock.patch.object(writer, "FORMAT", writer.FORMAT + 1):
+    with mock.patch.object(files, "FORMAT", files.FORMAT + 1):
         assert_usage_error(f"{writer.__name__}.py", ["--resume", run_dir], "format", tmp_path)
 
 
@@ -228,8 +238,8 @@ def test_a_run_too_big_for_memory_is_refused_before_its_first_call(tmp_path, cap
     argv = ["ppo.py", "--num-envs", "20000000", "--num-seeds", "1", "--log-dir", str(tmp_path)]
     calls = []
     with mock.patch.object(sys, "argv", argv), pytest.raises(SystemExit) as exit_info, \
-            mock.patch.object(ppo, "progress", lambda *a: calls.append(a) or ""):
-        ppo.main()
+            mock.patch.object(reports, "progress", lambda *a: calls.append(a) or ""):
+        cli.main(ppo)
     err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
     assert exit_info.value.code == 2 and len(err) == 1, err
     assert "GiB" in err[0] and "--num-envs, --num-steps, --num-seeds" in err[0], err
@@ -253,8 +263,8 @@ def test_segments_change_at_most_rounding_and_compile_once():
     """One segment (the whole run in one call) against ten: the first update agrees to 1e-5
     relative and the final returns are the same; 53 updates in segments of 6 end with a segment
     of 5, and no segment after the first compiles anything (one program for all)."""
-    one = ppo.run(ppo.validate(ppo.Args(num_segments=1, **TINY)))[1]
-    compiles, ten = [], ppo.segments(ppo.validate(ppo.Args(num_segments=10, **TINY)))
+    one = sweep.run(validated(ppo, num_segments=1, **TINY))[1]
+    compiles, ten = [], sweep.segments(validated(ppo, num_segments=10, **TINY))
     next(ten)
     listener = lambda event, *_, **__: "compile" in event and compiles.append(event)
     jax.monitoring.register_event_duration_secs_listener(listener)
@@ -267,7 +277,8 @@ def test_segments_change_at_most_rounding_and_compile_once():
     np.testing.assert_array_equal(metrics["env_steps"][0], 8 * 32 * np.arange(1, 54))
     for key, values in one.items():
         np.testing.assert_allclose(metrics[key][:, 0], values[:, 0], rtol=1e-5, err_msg=key)
-    np.testing.assert_allclose(ppo.final_returns(metrics), ppo.final_returns(one), rtol=1e-5)
+    np.testing.assert_allclose(reports.final_returns(metrics), reports.final_returns(one),
+                               rtol=1e-5)
 
 
 @pytest.mark.parametrize("seeds", [2, 1], ids=["a run per device", "a run over 2 devices"])
@@ -276,14 +287,14 @@ def test_ppo_state_resumes_from_its_checkpoint_bit_for_bit(seeds, tmp_path):
     states, keys) through write_checkpoint and read_saved after segment 3 of 10: the
     remaining segments end exactly where the uninterrupted run does; so too with one run whose
     envs are split over the 2 devices (its checkpoint holds them as one device would)."""
-    args = ppo.validate(ppo.Args(num_segments=10, **{**TINY, "num_seeds": seeds}))
-    runs = list(ppo.segments(args))
+    args = validated(ppo, num_segments=10, **{**TINY, "num_seeds": seeds})
+    runs = list(sweep.segments(args))
     (state, metrics, timing), (final_state, final, _) = runs[2], runs[-1]
-    ppo.write_checkpoint(str(tmp_path), args, state, metrics, timing["num_updates"])
-    resumed_args, checkpoint = ppo.read_saved(
+    files.write_checkpoint(str(tmp_path), args, state, metrics, timing["num_updates"])
+    resumed_args, checkpoint = files.read_saved(
         dataclasses.replace(args, resume=str(tmp_path)), ["--resume", str(tmp_path)])
     assert dataclasses.replace(resumed_args, resume=None) == args
-    *_, (resumed_state, resumed, _) = ppo.segments(
+    *_, (resumed_state, resumed, _) = sweep.segments(
         resumed_args, start=(checkpoint["state"], checkpoint["metrics"]))
     jax.tree.map(np.testing.assert_array_equal, resumed, final)
     jax.tree.map(np.testing.assert_array_equal, resumed_state, final_state)
@@ -328,13 +339,13 @@ def test_bad_resume_and_log_dir_are_one_line_exit_2(checkpointed, tmp_path):
 def test_flags_typed_anew_on_resume_in_every_spelling(tmp_path):
     """A flag that does not change the computation, typed beside --resume, wins over the saved
     value whichever way tyro takes it: --no-track, --no_track, --eval_episodes 3."""
-    args = ppo.validate(ppo.Args(**TINY))  # track=False
-    ppo.write_checkpoint(str(tmp_path), dataclasses.replace(args, track=True), {},
-                         {"env_steps": np.zeros((2, 1), np.int32)}, 53)
+    args = validated(ppo, **TINY)  # track=False
+    files.write_checkpoint(str(tmp_path), dataclasses.replace(args, track=True), {},
+                           {"env_steps": np.zeros((2, 1), np.int32)}, 53)
     for typed, track, episodes in ((["--no-track"], False, 64), (["--no_track"], False, 64),
                                    (["--eval_episodes", "3"], True, 3)):
         argv = ["--resume", str(tmp_path), *typed]
-        resumed, _ = ppo.read_saved(ppo.parse(argv), argv)
+        resumed, _ = files.read_saved(flags.parse(flags.args_class(ppo), argv), argv)
         assert (resumed.track, resumed.eval_episodes) == (track, episodes), typed
 
 
@@ -360,18 +371,36 @@ def test_a_failed_write_names_its_file_and_leaves_no_temporary_one(tmp_path):
                 mock.patch("os.replace", side_effect=OSError(errno.EXDEV, "Cross-device"))]
     for failure in failures:
         with failure, pytest.raises(OSError) as raised:
-            ppo.write_atomic(path, b"data")
+            files.write_atomic(path, b"data")
         assert raised.value.filename == path and not list(tmp_path.iterdir())
 
 
 def test_resume_keeps_the_layout_of_the_run(tmp_path):
     """A checkpoint holds the devices its run spans; --resume takes that layout again, and where
     the machine has fewer devices it is refused in one line (--devices-per-run typed chooses)."""
-    args = ppo.validate(ppo.Args(num_segments=10, **{**TINY, "num_seeds": 1}))
-    state, metrics, timing = next(ppo.segments(args))
+    args = validated(ppo, num_segments=10, **{**TINY, "num_seeds": 1})
+    state, metrics, timing = next(sweep.segments(args))
     assert timing["span"] == 2
-    ppo.write_checkpoint(str(tmp_path), args, state, metrics, timing["num_updates"], 2)
+    files.write_checkpoint(str(tmp_path), args, state, metrics, timing["num_updates"], 2)
     env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=1"}
     proc = run_script("ppo.py", "--resume", tmp_path, env=env)
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert proc.stderr.strip() == "error: --devices-per-run 2 > 1 devices", proc.stderr
+
+
+def test_a_checkpoint_written_before_the_runner_moved_resumes(tmp_path, capsys):
+    """tests/fixtures/ppo_run: the checkpoint ppo.py wrote after segment 1 of 4 (2 seeds, 16
+    updates) when the runner was a copy in every file (e6f17f4): it resumes to the end, the
+    updates it holds kept as they were."""
+    run_dir = tmp_path / "run"
+    shutil.copytree(FIXTURES / "ppo_run", run_dir)
+    read = lambda: flax.serialization.msgpack_restore(
+        (run_dir / "checkpoint.msgpack").read_bytes()[32:])
+    before = read()
+    assert before["metrics"]["env_steps"].shape == (2, 4) and before["num_updates"] == 16
+    out = run_main(ppo, ["--resume", run_dir, "--eval-episodes", 0], capsys)
+    assert "ppo on CartPole-v1: 2 seeds x 8,192 steps" in out and out.count("[ppo] steps") == 3
+    after = read()["metrics"]
+    assert after["env_steps"].shape == (2, 16)
+    for key, values in before["metrics"].items():
+        np.testing.assert_array_equal(after[key][:, :4], values, err_msg=key)

@@ -19,7 +19,8 @@ import ppo_rnn
 import pqn
 import q_learning as ql
 import vpg
-from conftest import assert_usage_error, make_train
+from conftest import assert_usage_error, validated
+from runner import devices, sweep
 
 pytestmark = pytest.mark.usefixtures("quicker_compiles")  # (conftest: LLVM -O0)
 
@@ -49,8 +50,8 @@ def assert_same_run(one, two, rtol=1e-5, atol=1e-6):
 
 
 def layouts(module, args, *num_devices):
-    """(state, metrics) of module.run(args) on each device count, and each run's span."""
-    results = [module.run(args, num_devices=n) for n in num_devices]
+    """(state, metrics) of sweep.run(args) on each device count, and each run's span."""
+    results = [sweep.run(args, num_devices=n) for n in num_devices]
     return [(state, metrics) for state, metrics, _ in results], [t["span"] for *_, t in results]
 
 
@@ -63,10 +64,10 @@ def test_one_update_over_two_devices_is_the_update_on_one(name):
     metrics. (Before: each device shuffled its share with the run's key; on 2 devices, another
     set of samples per minibatch.)"""
     if name == "q_learning":
-        module, args = ql, ql.validate(ql.Args(**QL_UPDATE))
+        module, args = ql, validated(ql, **QL_UPDATE)
     else:
-        module, flags = MODULES[name]
-        args = module.validate(module.Args(**ONE_UPDATE, **flags))
+        module, own = MODULES[name]
+        args = validated(module, **ONE_UPDATE, **own)
     (one, two), spans = layouts(module, args, 1, 2)
     assert spans == [1, 2] and one[1]["env_steps"].shape == (1, 1)
     assert_same_run(one, two)
@@ -79,13 +80,13 @@ def test_several_runs_per_device_each_spanning_equal_each_run_alone(name):
     previous test's check, for ppo and ppo_rnn, several times over). ppo's minibatches are
     blocks of 2 envs (16 steps in 32 minibatches, as `--num-envs 2048` has), 2 blocks on each
     device; ppo_rnn's 2 minibatches of whole envs (its sequences are not cut)."""
-    module, flags = MODULES[name]
+    module, own = MODULES[name]
     shape = dict(num_steps=16, num_minibatches=32) if name == "ppo" else dict(num_steps=32)
     fields = {**ONE_UPDATE, **shape, "num_seeds": 2, "total_timesteps": 2 * 8 * shape["num_steps"]}
-    args = module.validate(module.Args(**fields, **flags, learning_rate=(1e-3, 2.5e-3),
-                                       devices_per_run=2))
-    alone = module.run(dataclasses.replace(args, devices_per_run=None), num_devices=1)
-    spanning = module.run(args, num_devices=2)
+    args = validated(module, **fields, **own, learning_rate=(1e-3, 2.5e-3),
+                     devices_per_run=2)
+    alone = sweep.run(dataclasses.replace(args, devices_per_run=None), num_devices=1)
+    spanning = sweep.run(args, num_devices=2)
     assert (alone[2]["span"], spanning[2]["span"]) == (1, 2)
     assert alone[1]["env_steps"].shape == (2, 2, 2)
     assert_same_run(alone[:2], spanning[:2])
@@ -96,9 +97,9 @@ def test_parameters_stay_bitwise_the_same_on_every_device(name):
     """Each device's own copy of the run's parameters, optimiser state and statistics, after three
     updates of 4 minibatches x 2 epochs (ppo, vpg, ppo_rnn with both normalisations on): bit for
     bit the same (the runner keeps one copy of what is the same on every device: it must be)."""
-    module, flags = MODULES[name]
-    args = module.validate(module.Args(**{**ONE_UPDATE, "num_minibatches": 4}, **flags))
-    train = make_train(module, args, module.Shard("batch"))
+    module, own = MODULES[name]
+    args = validated(module, **{**ONE_UPDATE, "num_minibatches": 4}, **own)
+    train = sweep.build_train(args, devices.Shard("batch"))
     hp = {k: np.float32([getattr(args, k)[0]]) for k in module.HPARAMS}
     mesh = Mesh(np.array(jax.devices()[:2]).reshape(1, 2), ("runs", "batch"))
     shared = [f for f in ("obs_stats", "return_stats", "params", "opt_state", "key")
@@ -118,12 +119,12 @@ def test_parameters_stay_bitwise_the_same_on_every_device(name):
         assert any(np.any(leaf[0] != 0) for leaf in jax.tree.leaves(copies[0]))  # stats moved
 
 
-@pytest.mark.parametrize("flags, message", [
+@pytest.mark.parametrize("typed, message", [
     (["--devices-per-run", 3], "--devices-per-run 3 > 2 devices"),
     (["--num-seeds", 1, "--num-envs", 3, "--devices-per-run", 2],
      "--devices-per-run 2: --num-envs 3 does not split into 2 equal shares"),
     # A device's share must itself be a run: 2 envs x 8 steps do not make 4 minibatches of 32.
     (["--num-seeds", 1, "--num-envs", 4, "--num-steps", 8, "--num-minibatches", 32,
       "--devices-per-run", 2], "a device's share of a run: --num-minibatches 32 must divide")])
-def test_bad_layouts_are_one_line_before_compiling(flags, message, tmp_path):
-    assert_usage_error("ppo.py", flags, message, tmp_path)
+def test_bad_layouts_are_one_line_before_compiling(typed, message, tmp_path):
+    assert_usage_error("ppo.py", typed, message, tmp_path)

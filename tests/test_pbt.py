@@ -14,7 +14,8 @@ import pytest
 
 import ppo
 import q_learning as ql
-from conftest import assert_usage_error, run_main
+from conftest import assert_usage_error, run_main, validated
+from runner import flags, pbt, reports, sweep
 
 
 class Member(NamedTuple):  # a state as the contract has it: leaves and the run's key
@@ -33,7 +34,7 @@ def population(runs=8, seed=0):
 
 
 def step(module, args, state, hp, fitness, seed=0):
-    out = module.exploit_and_explore(args, state, hp, np.asarray(fitness, np.float32),
+    out = pbt.exploit_and_explore(args, state, hp, np.asarray(fitness, np.float32),
                                      jax.random.PRNGKey(seed))
     return jax.device_get(out)
 
@@ -44,7 +45,7 @@ def flat_hp(module, args, runs):
 
 
 def ppo_population(rates=(1e-3, 2e-3), seeds=4, **pbt):
-    args = ppo.validate(ppo.Args(learning_rate=rates, num_seeds=seeds, pbt=True, **pbt))
+    args = validated(ppo, learning_rate=rates, num_seeds=seeds, pbt=True, **pbt)
     hp = flat_hp(ppo, args, len(rates) * seeds)
     hp["learning_rate"] = np.repeat(np.float32(rates), seeds)
     return args, hp
@@ -142,8 +143,8 @@ def test_a_source_must_clear_the_margin():
 def test_a_discount_moves_on_its_scale_of_one_minus_gamma():
     """gamma 0.99 is perturbed on 1 - gamma (a horizon of 100 becomes 80 or 125, not 5): it
     stays in (0, 1) and near its value; a float not NEAR_ONE moves by x0.8 or x1.25."""
-    args = ppo.validate(ppo.Args(gamma=(0.99, 0.999), clip_coef=(0.1, 0.2), num_seeds=2,
-                                 pbt=True, pbt_fraction=0.5, pbt_resample=0.0))
+    args = validated(ppo, gamma=(0.99, 0.999), clip_coef=(0.1, 0.2), num_seeds=2,
+                     pbt=True, pbt_fraction=0.5, pbt_resample=0.0)
     state, fitness = population()
     hp = flat_hp(ppo, args, 8)
     hp["gamma"], hp["clip_coef"] = np.float32([0.99, 0.999] * 4), np.float32([0.1, 0.2] * 4)
@@ -163,12 +164,12 @@ def test_a_discount_moves_on_its_scale_of_one_minus_gamma():
 def test_zero_stays_zero_but_a_discount_of_zero_moves_as_help_says(capsys):
     """ent_coef 0 swept beside 0.01 stays 0 when moved (0 x 1.25); q_learning's gamma 0 moves on
     1 - gamma to 0.2 (x0.8; x1.25 would leave [0, 1): kept). --help says both."""
-    args = ppo.validate(ppo.Args(ent_coef=(0.0, 0.01), num_seeds=4, pbt=True, pbt_resample=0.0))
+    args = validated(ppo, ent_coef=(0.0, 0.01), num_seeds=4, pbt=True, pbt_resample=0.0)
     state, fitness = population()
     hp = flat_hp(ppo, args, 8)
     hp["ent_coef"] = np.zeros(8, np.float32)
     assert np.all(step(ppo, args, state, hp, fitness)[1]["ent_coef"] == 0)
-    args = ql.validate(ql.Args(gamma=(0.0, 0.9), num_seeds=4, pbt=True, pbt_resample=0.0))
+    args = validated(ql, gamma=(0.0, 0.9), num_seeds=4, pbt=True, pbt_resample=0.0)
     hp = flat_hp(ql, args, 8)
     hp["gamma"] = np.zeros(8, np.float32)
     values = set()
@@ -177,7 +178,7 @@ def test_zero_stays_zero_but_a_discount_of_zero_moves_as_help_says(capsys):
         values |= {round(float(x), 6) for x in new_hp["gamma"][copied >= 0]}
     assert values == {0.0, 0.2}, values
     with pytest.raises(SystemExit):
-        ppo.parse(["--help"])
+        flags.parse(flags.args_class(ppo), ["--help"])
     assert "a discount of 0 moves, another 0 stays 0" in " ".join(capsys.readouterr().out.split())
 
 
@@ -186,8 +187,8 @@ def test_explore_keeps_every_value_inside_its_rule():
     the source's; its gamma in [0, 1) moves on 1 - gamma and stays inside. No key of many moves
     one out, resampling or not."""
     for resample in (0.0, 0.25):
-        args = ql.validate(ql.Args(gamma=(0.9, 0.99), learning_rate=(0.5, 0.95), num_seeds=2,
-                                   pbt=True, pbt_fraction=0.5, pbt_resample=resample))
+        args = validated(ql, gamma=(0.9, 0.99), learning_rate=(0.5, 0.95), num_seeds=2,
+                         pbt=True, pbt_fraction=0.5, pbt_resample=resample)
         state, fitness = population()
         hp = {"learning_rate": np.tile(np.float32([0.5, 0.5, 0.95, 0.95]), 2),
               "gamma": np.tile(np.float32([0.9, 0.99]), 4),
@@ -218,7 +219,7 @@ def test_resampling_draws_log_uniform_over_the_grids_range():
     assert drawn.min() >= 1e-4 * (1 - 1e-6) and drawn.max() <= 1e-2 * (1 + 1e-6)
     below = np.mean(drawn < 1e-3)  # binomial(400, 0.5): sd 0.025; uniform would give 0.09
     assert 0.4 < below < 0.6, below
-    args = ppo.validate(ppo.Args(gamma=(0.9, 0.99), num_seeds=4, pbt=True, pbt_resample=1.0))
+    args = validated(ppo, gamma=(0.9, 0.99), num_seeds=4, pbt=True, pbt_resample=1.0)
     hp_gamma = flat_hp(ppo, args, 8)
     hp_gamma["gamma"] = np.repeat(np.float32([0.9, 0.99]), 4)
     for seed in range(20):
@@ -236,7 +237,8 @@ def test_resampling_draws_log_uniform_over_the_grids_range():
 
 
 def episodes_metrics(returns, episodes, module=ppo):
-    return {module.SCORE: np.float32(returns), "episodes": np.int32(episodes)}
+    score = flags.args_class(module).algorithm.SCORE
+    return {score: np.float32(returns), "episodes": np.int32(episodes)}
 
 
 def test_fitness_is_the_mean_over_the_windows_episodes():
@@ -247,15 +249,15 @@ def test_fitness_is_the_mean_over_the_windows_episodes():
     nan = np.nan
     metrics = episodes_metrics([[1e6, 100, 0, -1e6], [1e6, 5, nan, -1e6], [1e6, 7, 9, -1e6]],
                                [[50, 1, 40, 50], [50, 9, 0, 50], [50, 10, 30, 50]])
-    fitness = ppo.window_fitness(args, metrics, 1, 3)
+    fitness = pbt.window_fitness(args, metrics, 1, 3)
     np.testing.assert_allclose(fitness, [100 / 41, nan, (70 + 270) / 40])
     args, _ = ppo_population(pbt_min_episodes=9)
-    assert ppo.window_fitness(args, metrics, 1, 3)[1] == 5
+    assert pbt.window_fitness(args, metrics, 1, 3)[1] == 5
     # A score that is not of episodes (q_learning's share of greedy actions that are optimal):
     # its mean over the window's updates, with as many episodes as asked.
-    args = ql.validate(ql.Args(learning_rate=(0.1, 0.2), pbt=True))
+    args = validated(ql, learning_rate=(0.1, 0.2), pbt=True)
     metrics = episodes_metrics([[0.0, 0.5, 1.0, 0.0]] * 2, [[50, 1, 40, 50], [0, 0, 5, 0]], ql)
-    np.testing.assert_allclose(ql.window_fitness(args, metrics, 1, 3), [0.75, nan])
+    np.testing.assert_allclose(pbt.window_fitness(args, metrics, 1, 3), [0.75, nan])
 
 
 def test_schedule_in_env_steps_with_burn_in_and_a_quiet_end():
@@ -266,16 +268,16 @@ def test_schedule_in_env_steps_with_burn_in_and_a_quiet_end():
     flags = dict(num_envs=8, num_steps=125, total_timesteps=1_000_000, pbt_interval=50_000)
     for seeds, segments in ((2, 10), (4, 3), (2, 1000)):
         args, _ = ppo_population(seeds=seeds, num_segments=segments, **flags)
-        steps, interval = ppo.pbt_schedule(args, 1000)
+        steps, interval = pbt.schedule(args, 1000)
         assert interval == 50 and steps == list(range(100, 801, 50))
-        length = ppo.segment_length(args, 1000)
+        length = sweep.segment_length(args, 1000)
         assert interval % length == 0 and length <= -(-1000 // segments), (length, segments)
     args, _ = ppo_population(pbt_burn_in=0, pbt_last_stretch=0.0, **flags)
-    assert ppo.pbt_schedule(args, 1000)[0] == list(range(50, 1000, 50))
+    assert pbt.schedule(args, 1000)[0] == list(range(50, 1000, 50))
     args, _ = ppo_population(pbt_burn_in=333_000, pbt_last_stretch=0.5, **flags)
-    assert ppo.pbt_schedule(args, 1000)[0] == [350, 400, 450, 500]
+    assert pbt.schedule(args, 1000)[0] == [350, 400, 450, 500]
     args, _ = ppo_population(**{**flags, "pbt_interval": None})  # a tenth of the run
-    assert ppo.pbt_schedule(args, 1000) == ([200, 300, 400, 500, 600, 700, 800], 100)
+    assert pbt.schedule(args, 1000) == ([200, 300, 400, 500, 600, 700, 800], 100)
 
 
 class Recorder:
@@ -290,25 +292,25 @@ class Recorder:
 
 
 def test_the_pbt_step_reads_its_window_at_its_cadence_and_again_on_resume():
-    """pbt_step steps only after the scheduled updates, on the fitness of the interval just
+    """pbt.step steps only after the scheduled updates, on the fitness of the interval just
     before (the episodes of updates [u - interval, u), not earlier ones); its key depends on the
     seed and the update alone, so a resumed run (the step taken again after the checkpoint)
     draws what the uninterrupted one drew."""
     args, _ = ppo_population(seeds=1, num_envs=8, num_steps=125, total_timesteps=20_000,
                              pbt_interval=2_000, pbt_burn_in=0, pbt_min_episodes=1)
-    steps, interval = ppo.pbt_schedule(args, 20)
+    steps, interval = pbt.schedule(args, 20)
     assert (steps, interval) == ([2, 4, 6, 8, 10, 12, 14, 16], 2)
     returns = np.arange(40, dtype=np.float32).reshape(2, 20)
     metrics = episodes_metrics(returns, np.ones((2, 20)))
     record = Recorder()
     for done in range(21):
-        out = ppo.pbt_step(args, record, np.zeros(2), {}, metrics, done, 20)
+        out = pbt.step(args, record, np.zeros(2), {}, metrics, done, 20)
         assert (out[2] is None) == (done not in steps)
     assert len(record.calls) == len(steps)
     for u, (fitness, _) in zip(steps, record.calls):
         np.testing.assert_allclose(fitness, returns[:, u - 2:u].mean(1))
     again = Recorder()
-    ppo.pbt_step(args, again, np.zeros(2), {}, metrics, 6, 20)
+    pbt.step(args, again, np.zeros(2), {}, metrics, 6, 20)
     np.testing.assert_array_equal(again.calls[0][1], record.calls[2][1])
     assert len({tuple(key) for _, key in record.calls}) == len(steps)
 
@@ -318,7 +320,7 @@ def test_population_summary_has_evaluations_and_lineages_left():
     run 2 after update 4. Run 3's lineage is run 0's, then run 2's, then its own; the summary
     ranks the final runs by SCORE along their lineage, shows each one's evaluations and final
     values, how many lineages are left, and the best one's schedule."""
-    args = ppo.validate(ppo.Args(learning_rate=(1e-3, 2e-3), num_seeds=2, pbt=True))
+    args = validated(ppo, learning_rate=(1e-3, 2e-3), num_seeds=2, pbt=True)
     nan = np.nan
     copied_from = np.float32([[nan, nan, nan, nan, nan, nan]] * 2
                              + [[nan, 0, nan, nan, nan, nan], [nan, nan, nan, 2, nan, nan]])
@@ -328,7 +330,7 @@ def test_population_summary_has_evaluations_and_lineages_left():
                         [2, 2, 2, 2, 1.5, 1.5]]) * 1e-3
     metrics = {"env_steps": np.tile(np.arange(1, 7) * 100, (4, 1)), "episode_return": returns,
                "pbt/copied_from": copied_from, "hp/learning_rate": rates}
-    along, roots, score, order = ppo.lineages(args, metrics)
+    along, roots, score, order = reports.lineages(args, metrics)
     np.testing.assert_array_equal(roots, [0, 1, 0, 0])
     np.testing.assert_array_equal(along["episode_return"][3], [10, 11, 32, 33, 44, 99])
     np.testing.assert_array_equal(along["hp/learning_rate"][3], np.float32(
@@ -336,7 +338,7 @@ def test_population_summary_has_evaluations_and_lineages_left():
     np.testing.assert_array_equal(order, [3, 2, 1, 0])  # final returns 99, 35, 25, 15
     evals = {"eval/episodic_return_greedy": np.float32([1, 2, 3, 4]),
              "eval/episodic_return_sampled": np.float32([5, 6, 7, 8])}
-    lines = ppo.population_lines(args, metrics, evals, ["learning_rate"])
+    lines = reports.population_lines(args, metrics, evals)
     assert lines[0].endswith("| episode_return | eval/episodic_return_greedy | "
                              "eval/episodic_return_sampled | learning_rate")
     assert lines[1] == "3 | run 0 (learning_rate 0.001, seed 0) | 99 | 4 | 8 | 0.0015"
@@ -345,7 +347,7 @@ def test_population_summary_has_evaluations_and_lineages_left():
                          "200, 0.0015 from step 400")
     metrics.update({f"hp/{k}": np.full((4, 6), getattr(args, k)[0], np.float32)
                     for k in ppo.HPARAMS if k != "learning_rate"})
-    records = ppo.pbt_record(args, metrics, ["learning_rate"])
+    records = reports.pbt_record(args, metrics)
     assert records[3]["descends_from"] == "run 0 (learning_rate 0.001, seed 0)"
     assert records[3]["hyperparameters"]["learning_rate"] == np.float32(1.5e-3)
 
@@ -393,7 +395,7 @@ def test_a_member_of_one_seed_plays_back(tmp_path, capsys):
     assert f"1 seeds of {model}" in run_main(ql, ["--load-model", model], capsys)
 
 
-@pytest.mark.parametrize("flags, flag", [
+@pytest.mark.parametrize("typed, flag", [
     (["--pbt", "--num-seeds", 1], "--pbt"),  # a population of one
     (["--pbt", "--num-seeds", 4, "--pbt-fraction", 0.6], "--pbt-fraction"),
     (["--pbt", "--num-seeds", 4, "--pbt-fraction", 0], "--pbt-fraction"),
@@ -404,8 +406,8 @@ def test_a_member_of_one_seed_plays_back(tmp_path, capsys):
     (["--pbt", "--num-seeds", 4, "--pbt-margin", -1], "--pbt-margin"),
     (["--pbt", "--num-seeds", 4, "--pbt-min-episodes", 0], "--pbt-min-episodes"),
     (["--num-seeds", 4, "--pbt-interval", 1000], "--pbt-interval")])  # without --pbt
-def test_bad_pbt_flags_are_one_line_before_compiling(flags, flag, tmp_path):
-    assert_usage_error("q_learning.py", flags, flag, tmp_path)
+def test_bad_pbt_flags_are_one_line_before_compiling(typed, flag, tmp_path):
+    assert_usage_error("q_learning.py", typed, flag, tmp_path)
 
 
 def test_a_schedule_without_a_step_is_one_line_before_compiling(tmp_path, capsys):

@@ -1,12 +1,10 @@
 """PPO: learning curves against stated thresholds, GAE against a plain loop, truncation
 bootstrapping end to end, the losses against float64 numpy, the flags that change the update,
 every kind of gymnax env, the seed sweep and the CLI."""
-import shutil
 import sys
 from unittest import mock
 
 import distrax
-import flax.serialization
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -22,7 +20,9 @@ from conftest import (
     read_scalars,
     record_gae_inputs_with_short_episodes,
     run_script,
+    validated,
 )
+from runner import cli, devices, evaluation, flags, reports, sweep
 
 # One table: what a correct PPO reaches, the env-step budget it gets (default flags fill the rest),
 # on how many seeds; conftest.learning_verdict judges a row: the median of the seeds' final
@@ -58,10 +58,10 @@ def test_learns(case):
     of every evaluation episode with its most likely actions."""
     spec = LEARNING[case]
     if spec["seeds"] == 3:  # runs over 2 devices, as 1 seed would be
-        assert ppo.layout(ppo.validate(ppo.Args(num_seeds=3, **spec["args"]))).shape["batch"] == 2
+        assert devices.layout(validated(ppo, num_seeds=3, **spec["args"])).shape["batch"] == 2
     args, state, finals = assert_learns(ppo, spec)
     if args.env_id == "CartPole-v1":
-        greedy = ppo.evaluator(args)(state)["eval/episodic_return_greedy"]
+        greedy = evaluation.evaluator(args)(state)["eval/episodic_return_greedy"]
         assert (finals >= 499).any() and (greedy[finals >= 499] == 500).all(), (finals, greedy)
 
 
@@ -77,9 +77,9 @@ def test_a_broken_update_fails_its_learning_row(monkeypatch):
 
     monkeypatch.setattr(ppo, "loss_fn", misaligned)  # (make_train looks it up when it traces)
     spec = LEARNING["cartpole_default"]
-    _, metrics, _ = ppo.run(ppo.validate(ppo.Args(num_seeds=spec["seeds"], track=False,
-                                                  **spec["args"])))
-    finals = ppo.final_returns(metrics)
+    _, metrics, _ = sweep.run(validated(ppo, num_seeds=spec["seeds"], track=False,
+                                        **spec["args"]))
+    finals = reports.final_returns(metrics)
     assert learning_verdict(metrics, finals, spec) is not None, finals
 
 
@@ -234,9 +234,9 @@ def flag_runs():
                     return loss_fn(params, network, hp, clip_vloss, *batch)
 
                 monkeypatch.setattr(ppo, "loss_fn", spy)
-                args = ppo.validate(ppo.Args(**FLAG_RUN, **FLAG_VARIANTS[variant]))
-                assert [c["vf_coef"] for c in ppo.grid(args)] == [0.0, 0.5, 0.0, 0.5]
-                state, metrics, _ = ppo.run(args)
+                args = validated(ppo, **FLAG_RUN, **FLAG_VARIANTS[variant])
+                assert [c["vf_coef"] for c in flags.grid(args)] == [0.0, 0.5, 0.0, 0.5]
+                state, metrics, _ = sweep.run(args)
             cache[variant] = (args, *jax.device_get((state, metrics)), calls, traced)
         return cache[variant]
 
@@ -316,7 +316,7 @@ def test_minatar_and_bsuite_envs_run(env_id, tmp_path, capsys):
              "--num-minibatches", 2, "--update-epochs", 1, "--hidden-size", 16,
              "--total-timesteps", 8 * 32 * 4, "--log-dir", tmp_path / "runs"]
     with mock.patch.object(sys, "argv", ["ppo.py", *map(str, flags)]):
-        ppo.main()
+        cli.main(ppo)
     assert "final return per seed" in capsys.readouterr().out
     (run_dir,) = (tmp_path / "runs").iterdir()
     assert run_dir.name.startswith(f"{env_id}__ppo__1__")
@@ -326,7 +326,7 @@ def test_minatar_and_bsuite_envs_run(env_id, tmp_path, capsys):
         assert len(read_scalars(run_dir / f"seed_{k}", "losses/value")) == 4
 
 
-# The shapes of the CLI's sweep below (TINY_FLAGS): the 2-device program compiles once for both.
+# The shapes of test_sweeps.py's sweep from the command line: the 2-device program compiles once.
 TINY = dict(env_id="CartPole-v1", num_envs=8, num_steps=64, num_minibatches=4,
             total_timesteps=8 * 64 * 10, track=False)
 
@@ -334,10 +334,10 @@ TINY = dict(env_id="CartPole-v1", num_envs=8, num_steps=64, num_minibatches=4,
 def test_seed_sweep_layout_and_determinism():
     """2 configurations x 2 seeds (a hyperparameter sweep lays its runs out as seeds are) on 1
     and on 2 devices, and rerun on 2."""
-    args = ppo.validate(ppo.Args(num_seeds=2, learning_rate=(2.5e-3, 1e-3), **TINY))
-    _, one_device, t1 = ppo.run(args, num_devices=1)
-    _, two_devices, t2 = ppo.run(args, num_devices=2)
-    _, again, _ = ppo.run(args, num_devices=2)
+    args = validated(ppo, num_seeds=2, learning_rate=(2.5e-3, 1e-3), **TINY)
+    _, one_device, t1 = sweep.run(args, num_devices=1)
+    _, two_devices, t2 = sweep.run(args, num_devices=2)
+    _, again, _ = sweep.run(args, num_devices=2)
     assert (t1["devices"], t2["devices"]) == (1, 2)
     for key in one_device:
         assert one_device[key].shape == (2, 2, 10), key
@@ -360,60 +360,7 @@ def test_help_lists_every_flag_with_its_doc(capsys):
         assert phrase in text, phrase
 
 
-TINY_FLAGS = ["--num-envs", 8, "--num-steps", 64, "--num-minibatches", 4,
-              "--total-timesteps", 8 * 64 * 10, "--num-seeds", 2]
-
-
-def test_cli_sweep_writes_events_and_models(tmp_path):
-    """A 2-configuration sweep from the command line: one run directory with its checkpoint, a
-    sub-directory per configuration named by its values (also in the hyperparameter text), seed_k
-    below it, a model each; a progress line per segment (10); one summary row per
-    configuration."""
-    proc = run_script("ppo.py", *TINY_FLAGS, "--ent-coef", 0, 0.01, "--save-model",
-                      "--log-dir", tmp_path / "runs")
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "2 configurations x 2 seeds" in proc.stdout
-    assert "(episodes of 4 of 4 runs)" in proc.stdout
-    assert proc.stdout.count("[ppo] steps") == 10
-    (run_dir,) = (tmp_path / "runs").iterdir()
-    assert run_dir.name.startswith("CartPole-v1__ppo__1__")
-    assert (run_dir / "checkpoint.msgpack").is_file()
-    config_dirs = sorted(d for d in run_dir.iterdir() if d.is_dir())
-    assert [d.name for d in config_dirs] == ["ent_coef=0", "ent_coef=0.01"]
-    for config_dir in config_dirs:
-        for k in range(2):
-            points = read_scalars(config_dir / f"seed_{k}", "charts/episodic_return")
-            steps = [s for s, _ in points]
-            assert len(steps) >= 5 and steps == sorted(steps) and len(set(steps)) == len(steps)
-            assert read_scalars(config_dir / f"seed_{k}", "losses/value")
-        payload = flax.serialization.msgpack_restore((config_dir / "model.msgpack").read_bytes())
-        params = payload["params"]
-        network = ppo.ActorCritic(action_dim=2, continuous=False, hidden_size=64)
-        dist, value = network.apply(jax.tree.map(lambda x: x[0], params), jnp.zeros((3, 4)))
-        assert dist.logits.shape == (3, 2) and value.shape == (3,)
-        assert jax.tree.leaves(params)[0].shape[0] == 2
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-    acc = EventAccumulator(str(config_dirs[1] / "seed_0"), size_guidance={"tensors": 0})
-    acc.Reload()
-    text = acc.Tensors("hyperparameters")[0].tensor_proto.string_val[0].decode()
-    assert "|ent_coef|(0.01,)|" in text
-    # What the preset set (never typed) and the rules gave, resolved, in tensorboard and in the
-    # summary's flags line.
-    for k, v in [("update_epochs", 4), ("network", "mlp"), ("activation", "tanh")]:
-        (flags,) = [line for line in proc.stdout.splitlines() if line.startswith("flags: ")]
-        assert f"|{k}|{v}|" in text and f" {k}={v} " in f"{flags} "
-
-
-def test_copied_file_runs_alone(tmp_path):
-    shutil.copy(ppo.__file__, tmp_path / "ppo.py")
-    # The CLI test's flags: its compiled program comes from the session's cache.
-    proc = run_script(tmp_path / "ppo.py", *TINY_FLAGS, "--ent-coef", 0, 0.01, "--no-track",
-                      cwd=tmp_path)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "2 configurations x 2 seeds" in proc.stdout
-
-
-@pytest.mark.parametrize("flags, flag", [
+@pytest.mark.parametrize("typed, flag", [
     (["--num-envs", "0"], "--num-envs"),
     (["--num-seeds", "0"], "--num-seeds"),
     (["--env-id", "NoSuchEnv-v0"], "--env-id"),
@@ -421,8 +368,8 @@ def test_copied_file_runs_alone(tmp_path):
     (["--learning-rate", "-0.001"], "--learning-rate"),
     (["--max-grad-norm", "0"], "--max-grad-norm"),  # a clip of 0 would zero every step
 ])
-def test_bad_input_is_one_line_exit_2(flags, flag, tmp_path):
-    assert_usage_error("ppo.py", flags, flag, tmp_path)
+def test_bad_input_is_one_line_exit_2(typed, flag, tmp_path):
+    assert_usage_error("ppo.py", typed, flag, tmp_path)
 
 
 def test_cli_usage_error_exit_code(tmp_path):

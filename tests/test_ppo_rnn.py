@@ -16,9 +16,10 @@ from conftest import (
     assert_learns,
     assert_truncation_bootstraps_from_final_observation,
     assert_usage_error,
-    make_train,
     record_gae_inputs_with_short_episodes,
+    validated,
 )
+from runner import envs, evaluation, sweep
 
 # One table: what a correct recurrent PPO reaches, the env-step budget it gets (the presets fill
 # the rest), on how many seeds, judged as test_ppo.py's (conftest.learning_verdict: the seeds'
@@ -46,7 +47,7 @@ def test_learns(case):
     spec = LEARNING[case]
     args, state, _ = assert_learns(ppo_rnn, spec)
     if spec["greedy"] is not None:
-        greedy = ppo_rnn.evaluator(args)(state)["eval/episodic_return_greedy"]
+        greedy = evaluation.evaluator(args)(state)["eval/episodic_return_greedy"]
         assert greedy.mean() >= spec["greedy"] and greedy.min() > 0, greedy
 
 
@@ -165,8 +166,8 @@ def rerun_records():
 
         monkeypatch.setattr(ppo_rnn, "loss_fn", spy)
         monkeypatch.setattr(ppo_rnn, "normalize", recording_normalize)
-        args = ppo_rnn.validate(ppo_rnn.Args(**RERUN, track=False))
-        train = make_train(ppo_rnn, args)
+        args = validated(ppo_rnn, **RERUN, track=False)
+        train = sweep.build_train(args)
         hp = {k: jnp.float32(getattr(args, k)[0]) for k in ppo_rnn.HPARAMS}
         jax.block_until_ready(jax.jit(train)(jax.random.PRNGKey(0), hp))
     T = RERUN["num_steps"]
@@ -286,55 +287,55 @@ def test_feedforward_ppo_fails_the_memory_task():
     greedy evaluation stays below the bar ppo_rnn clears (a memoryless policy's expected return
     is 0; RNN.md: ppo.py 0.02 at 300k steps; measured here: -0.25 to 0.25 per seed, mean -0.09)."""
     spec = LEARNING["memory_chain"]
-    mine = ppo_rnn.validate(ppo_rnn.Args(num_seeds=spec["seeds"], track=False, **spec["args"]))
+    mine = validated(ppo_rnn, num_seeds=spec["seeds"], track=False, **spec["args"])
     same = {f.name: getattr(mine, f.name) for f in dataclasses.fields(ppo.Hyperparams)}
-    args = ppo.validate(ppo.Args(**{**same, **spec["args"]}, num_seeds=spec["seeds"], track=False))
+    args = validated(ppo, **{**same, **spec["args"]}, num_seeds=spec["seeds"], track=False)
     assert args.total_timesteps == mine.total_timesteps <= spec["budget"]
     assert args.seed == mine.seed and args.num_seeds == mine.num_seeds
-    state, _, _ = ppo.run(args)
-    greedy = ppo.evaluator(args)(state)["eval/episodic_return_greedy"]
+    state, _, _ = sweep.run(args)
+    greedy = evaluation.evaluator(args)(state)["eval/episodic_return_greedy"]
     assert greedy.mean() < spec["greedy"], greedy
 
 
 # ----------------------------------------------------------------- the velocity mask; bad input
 def test_mask_velocity_keeps_the_positions():
-    args = ppo_rnn.validate(ppo_rnn.Args(env_id="CartPole-v1", mask_velocity=True, num_envs=3,
-                                         track=False))
+    args = validated(ppo_rnn, env_id="CartPole-v1", mask_velocity=True, num_envs=3,
+                     track=False)
     hp = {k: jnp.float32(getattr(args, k)[0]) for k in ppo_rnn.HPARAMS}
-    state = make_train(ppo_rnn, args).init(jax.random.PRNGKey(0), hp)
-    env, env_params = ppo_rnn.make_env(args)
+    state = sweep.build_train(args).init(jax.random.PRNGKey(0), hp)
+    env, env_params = envs.make_env(args)
     obs, _ = jax.vmap(env.reset, in_axes=(0, None))(
         jax.random.split(jax.random.split(jax.random.PRNGKey(0), 3)[1], 3), env_params)
     np.testing.assert_array_equal(state.obs, obs[:, [0, 2]])
     assert state.memory.shape == (3, args.hidden_size) and not state.memory.any()
-    assert ppo_rnn.validate(ppo_rnn.Args(mask_velocity=True)).total_timesteps == 1_000_000
+    assert validated(ppo_rnn, mask_velocity=True).total_timesteps == 1_000_000
 
 
-@pytest.mark.parametrize("flags, flag", [
+@pytest.mark.parametrize("typed, flag", [
     (["--num-envs", "10", "--num-minibatches", "4"], "--num-minibatches"),
     (["--env-id", "Acrobot-v1", "--mask-velocity"], "--mask-velocity"),
     (["--network", "cnn"], "--network"),
     (["--hidden-size", "0"], "--hidden-size"),
 ])
-def test_bad_input_is_one_line_exit_2(flags, flag, tmp_path):
-    assert_usage_error("ppo_rnn.py", flags, flag, tmp_path)
+def test_bad_input_is_one_line_exit_2(typed, flag, tmp_path):
+    assert_usage_error("ppo_rnn.py", typed, flag, tmp_path)
 
 
 
-@pytest.mark.parametrize("flags", [dict(env_id="Breakout-MinAtar", network="cnn"),
-                                   dict(env_id="Pendulum-v1", mask_velocity=True)])
-def test_cnn_torso_and_continuous_actions_trace(flags):
+@pytest.mark.parametrize("own", [dict(env_id="Breakout-MinAtar", network="cnn"),
+                                 dict(env_id="Pendulum-v1", mask_velocity=True)])
+def test_cnn_torso_and_continuous_actions_trace(own):
     """The MinAtar CNN before the GRU, and continuous actions (a diagonal Gaussian one step at a
     time and over sequences): a whole run traces to the shapes of the contract, and act carries
     the memory (both run end to end in benchmarks/bench_rnn.py and the module's examples)."""
-    args = ppo_rnn.validate(ppo_rnn.Args(num_envs=4, num_steps=8, num_minibatches=2,
-                                         hidden_size=8, total_timesteps=64, track=False, **flags))
-    train = make_train(ppo_rnn, args)
+    args = validated(ppo_rnn, num_envs=4, num_steps=8, num_minibatches=2,
+                     hidden_size=8, total_timesteps=64, track=False, **own)
+    train = sweep.build_train(args)
     hp = {k: jnp.float32(getattr(args, k)[0]) for k in ppo_rnn.HPARAMS}
     state, metrics = jax.eval_shape(train, jax.random.PRNGKey(0), hp)
     assert metrics["loss/policy"].shape == (train.num_updates,) == (2,)
     assert state.memory.shape == (4, 8) and state.first.shape == (4,)
-    env, env_params = ppo_rnn.make_env(args)
+    env, env_params = envs.make_env(args)
     obs = jnp.zeros((3, *env.observation_space(env_params).shape))
     actions, memory = jax.eval_shape(train.act, state, obs, train.initial_memory(3))
     assert actions.shape == (3, *env.action_space(env_params).shape) and memory.shape == (3, 8)

@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 import pqn
-from conftest import assert_truncation_bootstraps_from_final_observation, make_train
+from conftest import assert_truncation_bootstraps_from_final_observation, validated
+from runner import devices, envs, evaluation, sweep
 
 
 def test_learns_cartpole_as_typed():
@@ -18,10 +19,10 @@ def test_learns_cartpole_as_typed():
     return must rise by 150 or more from the first 10% of updates to the last. (Measured on seed
     bases 1, 100, 200, 2 seeds each, 2026-11-27, Intel Xeon: greedy 500 on each of the 6 seeds,
     training returns 443 to 494, rises 405 to 436: margins 25 and 255.)"""
-    args = pqn.validate(pqn.Args(num_seeds=2, track=False))
+    args = validated(pqn, num_seeds=2, track=False)
     assert args.total_timesteps <= 500_000
-    state, metrics, _ = pqn.run(args)
-    greedy = pqn.evaluator(args)(state)["eval/episodic_return_greedy"]
+    state, metrics, _ = sweep.run(args)
+    greedy = evaluation.evaluator(args)(state)["eval/episodic_return_greedy"]
     assert greedy.mean() >= 475 and greedy.min() >= 450, greedy
     returns = np.asarray(metrics["episode_return"])
     tenth = returns.shape[1] // 10
@@ -86,10 +87,10 @@ def test_epsilon_schedule():
         expected = start + min(steps / decay, 1.0) * (end - start)
         assert abs(float(pqn.epsilon_schedule(steps, start, end, decay)) - expected) < 1e-6
 
-    args = pqn.validate(pqn.Args(num_envs=4, num_steps=8, num_minibatches=2, update_epochs=1,
-                                 hidden_size=8, total_timesteps=32 * 10,
-                                 exploration_fraction=0.5, start_e=(0.9,), end_e=(0.3,)))
-    train = make_train(pqn, args)
+    args = validated(pqn, num_envs=4, num_steps=8, num_minibatches=2, update_epochs=1,
+                     hidden_size=8, total_timesteps=32 * 10,
+                     exploration_fraction=0.5, start_e=(0.9,), end_e=(0.3,))
+    train = sweep.build_train(args)
     hp = {k: jnp.float32(getattr(args, k)[0]) for k in pqn.HPARAMS}
     # train is init, then a scan of update: the same update jitted alone serves the --pbt check.
     init, update = jax.jit(train.init), jax.jit(train.update)
@@ -117,12 +118,12 @@ def test_truncation_bootstraps_from_the_final_observation(monkeypatch):
     auto-reset: on an ordinary step the next step's (max Q of its observation, by the rollout's
     parameters), on a truncated one (CartPole-v1 cut at 5 steps, which it cannot end sooner)
     that of its final observation, not of the reset one (conftest's check, max Q for V)."""
-    args = pqn.validate(pqn.Args(num_envs=8, num_steps=32, num_minibatches=2, update_epochs=1,
-                                 hidden_size=16, total_timesteps=8 * 32, track=False))
-    env, env_params = pqn.make_env(args)
-    train = pqn.make_train(args, env, env_params.replace(max_steps_in_episode=5), pqn.Shard())
+    args = validated(pqn, num_envs=8, num_steps=32, num_minibatches=2, update_epochs=1,
+                     hidden_size=16, total_timesteps=8 * 32, track=False)
+    env, env_params = envs.make_env(args)
+    train = pqn.make_train(args, env, env_params.replace(max_steps_in_episode=5), devices.Shard())
     targets_inputs, batches = [], []
-    targets, minibatches = pqn.q_lambda_targets, pqn.Shard.minibatches
+    targets, minibatches = pqn.q_lambda_targets, devices.Shard.minibatches
 
     def recording_targets(*inputs):  # (rewards, next_q_max, terminated, truncated, ...)
         targets_inputs.append(inputs[:4])
@@ -133,7 +134,7 @@ def test_truncation_bootstraps_from_the_final_observation(monkeypatch):
         return minibatches(shard, key, batch, count)
 
     monkeypatch.setattr(pqn, "q_lambda_targets", recording_targets)
-    monkeypatch.setattr(pqn.Shard, "minibatches", recording_minibatches)
+    monkeypatch.setattr(devices.Shard, "minibatches", recording_minibatches)
     hp = {k: jnp.float32(getattr(args, k)[0]) for k in pqn.HPARAMS}
     runner = train.init(jax.random.PRNGKey(0), hp)
     train.update(hp, runner)  # not jitted: the targets' inputs are the rollout's arrays

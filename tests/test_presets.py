@@ -13,7 +13,8 @@ from PIL import Image
 
 import ppo
 import vpg
-from conftest import assert_learns, assert_usage_error, make_train
+from conftest import assert_learns, assert_usage_error, validated
+from runner import cli, evaluation, files, flags, sweep
 
 # (module, env id) -> the values validate resolves, with no flag given. Rules that follow
 # --num-envs: num_steps = clip(2048 // num_envs, 16, 128); minibatches of ~512 samples; budget
@@ -48,32 +49,32 @@ RESOLVED = {
 
 @pytest.mark.parametrize("module, env_id", RESOLVED, ids=lambda x: getattr(x, "__name__", x))
 def test_presets_resolve_before_anything_compiles(module, env_id):
-    args = module.validate(module.Args(env_id=env_id))
+    args = validated(module, env_id=env_id)
     assert {k: getattr(args, k) for k in RESOLVED[module, env_id]} == RESOLVED[module, env_id]
     assert not [f for f, v in vars(args).items() if v is None and f not in (
         "resume", "load_model", "coordinator_address", "num_processes", "process_id",
         "devices_per_run", "brax_backend", "pbt_interval", "pbt_burn_in")]  # (unset: chosen by
     # the machine; a gymnax env; no --pbt)
-    assert module.validate(args) == args  # resolving again changes nothing
+    assert flags.validate(args) == args  # resolving again changes nothing
 
 
 @pytest.mark.parametrize("env_id, kind", [("MountainCarContinuous-v0", "box"),
                                           ("Catch-bsuite", "discrete")])
 def test_an_env_without_a_preset_takes_its_action_spaces(env_id, kind):
     assert env_id not in ppo.PRESETS
-    args = ppo.validate(ppo.Args(env_id=env_id))
+    args = validated(ppo, env_id=env_id)
     assert {k: getattr(args, k) for k in ppo.PRESETS[kind]} == {
         k: (v,) if k in ppo.HPARAMS else v for k, v in ppo.PRESETS[kind].items()}
 
 
 def test_a_flag_beats_its_preset():
-    args = ppo.validate(ppo.Args(env_id="Breakout-MinAtar", num_envs=16, learning_rate=(1e-3,),
-                                 network="cnn"))
+    args = validated(ppo, env_id="Breakout-MinAtar", num_envs=16, learning_rate=(1e-3,),
+                     network="cnn")
     assert (args.num_envs, args.learning_rate, args.network) == (16, (1e-3,), "cnn")
     assert (args.num_steps, args.activation) == (128, "relu")  # the rest: the preset's
     # --num-envs 2048 alone (on CartPole-v1's preset) still sets what solves it: the rules give
     # 16 steps, 32 minibatches of 1024 and 1.5 x 500 x 2048 steps.
-    args = ppo.validate(ppo.Args(num_envs=2048))
+    args = validated(ppo, num_envs=2048)
     assert (args.num_steps, args.num_minibatches, args.total_timesteps) == (16, 32, 1_536_000)
 
 
@@ -112,10 +113,10 @@ def test_cnn_on_any_leading_shape_and_in_one_update(module):
     alone = jax.vmap(jax.vmap(lambda o: network.apply(params, o[None], method="value")[0]))(obs)
     np.testing.assert_allclose(values, alone, rtol=1e-5, atol=1e-6)
 
-    args = module.validate(module.Args(
-        env_id="Breakout-MinAtar", network="cnn", num_envs=8, num_steps=16, num_minibatches=2,
-        update_epochs=1, total_timesteps=8 * 16 * 2, num_seeds=2, track=False))
-    state, metrics, _ = module.run(args)
+    args = validated(module, env_id="Breakout-MinAtar", network="cnn", num_envs=8, num_steps=16,
+                     num_minibatches=2, update_epochs=1, total_timesteps=8 * 16 * 2, num_seeds=2,
+                     track=False)
+    state, metrics, _ = sweep.run(args)
     for key in ("loss/policy", "loss/value", "loss/entropy"):
         assert np.all(np.isfinite(metrics[key])), key
     init = jax.vmap(network.init)(jax.random.split(jax.random.PRNGKey(2), 2), obs[0, :2])
@@ -143,7 +144,7 @@ def test_capture_gif_draws_an_episode(tmp_path, capsys):
              "--num-minibatches", 2, "--update-epochs", 1, "--hidden-size", 16,
              "--total-timesteps", 8 * 32 * 4, "--no-track", "--capture-gif", "--log-dir", tmp_path]
     with mock.patch.object(sys, "argv", ["ppo.py", *map(str, flags)]):
-        ppo.main()
+        cli.main(ppo)
     (gif,) = tmp_path.glob("*/episode.gif")
     assert f"saved {gif}" in capsys.readouterr().out
     with Image.open(gif) as image:
@@ -153,20 +154,19 @@ def test_capture_gif_draws_an_episode(tmp_path, capsys):
 def test_capture_gif_draws_classic_control(tmp_path):
     """CartPole-v1, drawn with pygame (pinned in the requirements): an episode of an untrained
     policy (short: gymnax draws each frame with matplotlib, ~0.4 s a frame here)."""
-    args = ppo.validate(ppo.Args(env_id="CartPole-v1", hidden_size=16, num_seeds=1))
-    hp = {k: jnp.float32(v) for k, v in ppo.grid(args)[0].items()}
-    state = jax.tree.map(lambda x: x[None], make_train(ppo, args).init(jax.random.PRNGKey(0), hp))
-    gif = ppo.capture_gif(str(tmp_path / "episode.gif"), args, state)
+    args = validated(ppo, env_id="CartPole-v1", hidden_size=16, num_seeds=1)
+    hp = {k: jnp.float32(v) for k, v in flags.grid(args)[0].items()}
+    state = jax.tree.map(lambda x: x[None], sweep.build_train(args).init(jax.random.PRNGKey(0), hp))
+    gif = evaluation.capture_gif(str(tmp_path / "episode.gif"), args, state)
     with Image.open(gif) as image:
         assert image.n_frames >= 5 and image.size[0] >= 100
 
 
-@pytest.mark.parametrize("script, env_id", [("ppo.py", "DeepSea-bsuite"),
-                                            ("q_learning.py", "GridWorld-v0")])
-def test_capture_gif_of_an_env_it_cannot_draw(script, env_id, tmp_path):
-    """gymnax has no drawing of DeepSea, and q_learning's GridWorld is not gymnax's: one line,
-    exit 2, before anything compiles."""
-    assert_usage_error(script, ["--env-id", env_id, "--capture-gif"], "--capture-gif", tmp_path)
+def test_capture_gif_of_an_env_it_cannot_draw(tmp_path):
+    """gymnax has no drawing of DeepSea: one line, exit 2, before anything compiles. (q_learning,
+    whose envs are its own, offers no --capture-gif: test_layout.py.)"""
+    assert_usage_error("ppo.py", ["--env-id", "DeepSea-bsuite", "--capture-gif"], "--capture-gif",
+                       tmp_path)
 
 
 def test_capture_gif_is_judged_on_the_saved_env(tmp_path):
@@ -176,11 +176,11 @@ def test_capture_gif_is_judged_on_the_saved_env(tmp_path):
 
     import flax.serialization
 
-    args = ppo.validate(ppo.Args(env_id="DeepSea-bsuite", track=False))
+    args = validated(ppo, env_id="DeepSea-bsuite", track=False)
     model = tmp_path / "model.msgpack"
     model.write_bytes(flax.serialization.msgpack_serialize(
-        {"format": ppo.FORMAT, "file": "ppo.py", "args": json.dumps(dataclasses.asdict(args))}))
+        {"format": files.FORMAT, "file": "ppo.py", "args": json.dumps(dataclasses.asdict(args))}))
     assert_usage_error("ppo.py", ["--load-model", model, "--capture-gif"], "DeepSea", tmp_path)
     metrics = {"env_steps": np.zeros((4, 2)), "episode_return": np.zeros((4, 2))}
-    ppo.write_checkpoint(str(tmp_path), args, {}, metrics, 5)
+    files.write_checkpoint(str(tmp_path), args, {}, metrics, 5)
     assert_usage_error("ppo.py", ["--resume", tmp_path, "--capture-gif"], "DeepSea", tmp_path)

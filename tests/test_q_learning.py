@@ -1,7 +1,6 @@
 """Q-learning: the models and value iteration against hand-solved cases and a float64 numpy solver,
 learning to Q* on deterministic and slippery GridWorlds, tie-breaking, the seed sweep, the CLI."""
 import dataclasses
-import shutil
 from typing import NamedTuple
 
 import flax.serialization
@@ -11,7 +10,10 @@ import numpy as np
 import pytest
 
 import q_learning as ql
-from conftest import assert_usage_error, help_text, make_train, read_scalars, run_script
+from conftest import assert_usage_error, help_text, read_scalars, run_main, validated
+from runner import flags, sweep
+
+Args = flags.args_class(ql)  # q_learning's flags and the runner's
 
 
 def numpy_q_star(model, gamma):
@@ -36,7 +38,7 @@ def scored_states(model):
 # ------------------------------------------------------------------------- models, value iteration
 def test_value_iteration_on_hand_solved_grids():
     # A 1x3 corridor, goal on the right, gamma 0.9 (actions: up, right, down, left).
-    corridor = ql.tabular_env(ql.Args(grid_size=(1, 3), start=(0, 0), goal=(0, 2), walls=())).model
+    corridor = ql.tabular_env(Args(grid_size=(1, 3), start=(0, 0), goal=(0, 2), walls=())).model
     q = np.asarray(ql.value_iteration(corridor.P, corridor.R, corridor.terminal, 0.9))
     expected = np.array([[0.81, 0.9, 0.81, 0.81],   # from 0: right reaches 1, anything else stays
                          [0.9, 1.0, 0.9, 0.81],     # from 1: right is the goal, left goes back to 0
@@ -44,8 +46,7 @@ def test_value_iteration_on_hand_solved_grids():
     np.testing.assert_allclose(q, expected, atol=1e-6)
     # A slippery 1x2 grid: only "right" leaves cell 0, so V = (1 - 3p/4) / (1 - 3p gamma / 4).
     p, gamma = 0.2, 0.9
-    pair = ql.tabular_env(ql.Args(grid_size=(1, 2), start=(0, 0), goal=(0, 1), walls=(),
-                                  slip=p)).model
+    pair = ql.tabular_env(Args(grid_size=(1, 2), start=(0, 0), goal=(0, 1), walls=(), slip=p)).model
     q = np.asarray(ql.value_iteration(pair.P, pair.R, pair.terminal, gamma))
     v = (1 - 3 * p / 4) / (1 - 3 * p * gamma / 4)
     np.testing.assert_allclose(q[0, 1], v, atol=1e-6)
@@ -62,7 +63,7 @@ MODELS = {
 
 @pytest.mark.parametrize("case", MODELS)
 def test_value_iteration_matches_numpy(case):
-    args = ql.Args(**MODELS[case])
+    args = Args(**MODELS[case])
     model = ql.tabular_env(args).model
     np.testing.assert_allclose(model.P.sum(-1), 1.0, atol=1e-12)
     q = np.asarray(ql.value_iteration(model.P, model.R, model.terminal, args.gamma[0]))
@@ -72,7 +73,7 @@ def test_value_iteration_matches_numpy(case):
 @pytest.mark.parametrize("case", ["slippery", "frozen_lake"])
 def test_model_matches_sampled_steps(case):
     """The exposed P[s, a, s'] is what env.step does: 2000 samples of every (s, a) pair."""
-    env = ql.tabular_env(ql.Args(**MODELS[case]))
+    env = ql.tabular_env(Args(**MODELS[case]))
     S, A = env.model.R.shape
     n = 2000
     cells = jnp.repeat(jnp.arange(S), A * n)
@@ -144,9 +145,9 @@ def test_learns_q_star(case, monkeypatch):
     spec = LEARNING[case]
     # Small blocks (4 agents of the 4x4 grid, 1 of the maze), so the blocked update learns here.
     monkeypatch.setattr(ql, "BLOCK_BYTES", 4 * 16 * 4 * 5)
-    args = ql.validate(ql.Args(num_seeds=2, num_agents=8, total_timesteps=spec["budget"],
-                               num_steps=spec["budget"] // 10, track=False, **spec["args"]))
-    state, metrics, _ = ql.run(args)
+    args = validated(ql, num_seeds=2, num_agents=8, total_timesteps=spec["budget"],
+                     num_steps=spec["budget"] // 10, track=False, **spec["args"])
+    state, metrics, _ = sweep.run(args)
     model = ql.tabular_env(args).model
     q_star = numpy_q_star(model, args.gamma[0])
     scored = scored_states(model)
@@ -227,9 +228,9 @@ def test_frozen_lake_learns(monkeypatch):
     and one of three with gamma**2 (0.144 to 0.161)."""
     make_env = ql.tabular_env
     monkeypatch.setattr(ql, "tabular_env", lambda args: replaying(make_env(args), args))
-    args = ql.validate(ql.Args(env_id="FrozenLake-misc", num_seeds=2, num_agents=4,
-                               total_timesteps=200_000, num_steps=20_000, track=False))
-    state, metrics, _ = ql.run(args)
+    args = validated(ql, env_id="FrozenLake-misc", num_seeds=2, num_agents=4,
+                     total_timesteps=200_000, num_steps=20_000, track=False)
+    state, metrics, _ = sweep.run(args)
     model = make_env(args).model
     S, A = model.R.shape
     q = np.asarray(state.agents.q).reshape(-1, S, A)
@@ -265,7 +266,7 @@ def test_greedy_optimal_of_hand_made_tables():
     Q* with a wrong action made greedy in 5 reachable states, and Q* with every state's optimal
     actions turned worst. From Q* in float64 numpy: the mean over agents of the fraction of
     reachable non-terminal states whose every greedy action is optimal."""
-    args = ql.validate(ql.Args(num_agents=3, num_steps=1, total_timesteps=1, track=False))
+    args = validated(ql, num_agents=3, num_steps=1, total_timesteps=1, track=False)
     model = ql.tabular_env(args).model
     q_star = numpy_q_star(model, args.gamma[0])
     scored = np.flatnonzero(scored_states(model))
@@ -281,7 +282,7 @@ def test_greedy_optimal_of_hand_made_tables():
     assert per_agent[2] < 0.2, per_agent  # (a state where every action is optimal stays right)
     expected = per_agent.mean()
 
-    train = make_train(ql, args)
+    train = sweep.build_train(args)
     hp = {k: jnp.float32(getattr(args, k)[0]) for k in ql.HPARAMS} | {"learning_rate": 0.0}
     runner = train.init(jax.random.PRNGKey(0), hp)
     runner = runner._replace(agents=runner.agents._replace(q=jnp.float32(tables)))
@@ -302,11 +303,11 @@ TINY = dict(num_agents=8, total_timesteps=3_000, num_steps=1_000, track=False)
 
 
 def test_seed_sweep_layout_and_determinism():
-    args = ql.validate(ql.Args(num_seeds=4, slip=0.1, **TINY))
-    _, one_device, _ = ql.run(args, num_devices=1)
-    state, two_devices, _ = ql.run(args, num_devices=2)
-    again_state, again, _ = ql.run(args, num_devices=2)
-    _, other_seed, _ = ql.run(dataclasses.replace(args, seed=args.seed + 1), num_devices=2)
+    args = validated(ql, num_seeds=4, slip=0.1, **TINY)
+    _, one_device, _ = sweep.run(args, num_devices=1)
+    state, two_devices, _ = sweep.run(args, num_devices=2)
+    again_state, again, _ = sweep.run(args, num_devices=2)
+    _, other_seed, _ = sweep.run(dataclasses.replace(args, seed=args.seed + 1), num_devices=2)
     for key in one_device:
         assert one_device[key].shape == (4, 3), key
         # Another layout may round differently by an ulp: the first update agrees to 1e-5.
@@ -328,10 +329,11 @@ def test_seed_sweep_layout_and_determinism():
 
 def test_memory_does_not_grow_with_steps():
     def temp_bytes(total):
-        args = ql.Args(**dict(TINY, total_timesteps=total))
+        args = Args(**dict(TINY, total_timesteps=total))
         hp = {k: jnp.float32(getattr(args, k)[0]) for k in ql.HPARAMS}
-        lowered = jax.jit(make_train(ql, args)).lower(jax.random.PRNGKey(0), hp)
-        return lowered.compile(ql.COMPILER_OPTIONS).memory_analysis().temp_size_in_bytes
+        lowered = jax.jit(sweep.build_train(args)).lower(jax.random.PRNGKey(0), hp)
+        compiled = lowered.compile(args.algorithm.COMPILER_OPTIONS)
+        return compiled.memory_analysis().temp_size_in_bytes
 
     assert temp_bytes(100_000) <= temp_bytes(3_000) + 1024
 
@@ -344,18 +346,16 @@ def test_help_lists_every_flag_with_its_doc(capsys):
         assert phrase in text, phrase
 
 
-def test_copied_file_runs_alone_and_writes_outputs(tmp_path):
-    """A copy of the file alone in an empty folder: a tiny run with events, model and plot."""
-    folder = tmp_path / "alone"
-    folder.mkdir()
-    shutil.copy(ql.__file__, folder / "q_learning.py")
-    proc = run_script(folder / "q_learning.py", "--num-seeds", 2, "--num-agents", 4,
-                      "--total-timesteps", 2_000, "--num-steps", 200, "--slip", 0.1,
-                      "--save-model", "--plot", cwd=folder)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "stats/greedy_optimal per seed" in proc.stdout
-    assert proc.stdout.count("[q_learning] steps") == 10  # a progress line per segment
-    (run_dir,) = (folder / "runs").iterdir()
+def test_a_run_writes_its_events_model_and_plot(tmp_path, capsys):
+    """A tiny run from the command line: a progress line per segment, events, the model (its Q
+    tables) and the plot (q_learning's draw), and one permission rule for every file (the umask's;
+    no 0600 for the atomic writes)."""
+    out = run_main(ql, ["--num-seeds", 2, "--num-agents", 4, "--total-timesteps", 2_000,
+                        "--num-steps", 200, "--slip", 0.1, "--save-model", "--plot", "--log-dir",
+                        tmp_path / "runs"], capsys)
+    assert "stats/greedy_optimal per seed" in out
+    assert out.count("[q_learning] steps") == 10  # a progress line per segment
+    (run_dir,) = (tmp_path / "runs").iterdir()
     assert run_dir.name.startswith("GridWorld-v0__q_learning__1__")
     for k in range(2):
         points = read_scalars(run_dir / f"seed_{k}", "charts/episodic_return")
@@ -372,7 +372,7 @@ def test_copied_file_runs_alone_and_writes_outputs(tmp_path):
     assert len({p.stat().st_mode & 0o777 for p in run_dir.rglob("*") if p.is_file()}) == 1
 
 
-@pytest.mark.parametrize("flags, flag", [
+@pytest.mark.parametrize("typed, flag", [
     (["--num-agents", "0"], "--num-agents"),
     (["--num-seeds", "0"], "--num-seeds"),
     (["--env-id", "NoSuchEnv-v0"], "--env-id"),
@@ -381,13 +381,5 @@ def test_copied_file_runs_alone_and_writes_outputs(tmp_path):
     (["--goal", "6", "2"], "--goal"),
     (["--walls", "1", "0", "0", "1", "1", "1"], "--goal"),  # the start is walled in
 ])
-def test_bad_input_is_one_line_exit_2(flags, flag, tmp_path):
-    assert_usage_error("q_learning.py", flags, flag, tmp_path)
-
-
-def test_cli_usage_error_exit_code(tmp_path):
-    proc = run_script("q_learning.py", "--num-agents", "0", "--log-dir", tmp_path / "runs",
-                      cwd=tmp_path)
-    assert proc.returncode == 2
-    assert proc.stderr.strip() == "error: --num-agents must be >= 1 (got 0)"
-    assert not (tmp_path / "runs").exists()
+def test_bad_input_is_one_line_exit_2(typed, flag, tmp_path):
+    assert_usage_error("q_learning.py", typed, flag, tmp_path)

@@ -15,7 +15,8 @@ import numpy as np
 import pytest
 
 import sac
-from conftest import assert_learns, assert_usage_error, make_train
+from conftest import assert_learns, assert_usage_error, validated
+from runner import cli, envs, reports, sweep
 
 # One table, judged as the other files' (conftest.learning_verdict: the seeds' median final return,
 # k of them at a floor, the rise from the first 10% of updates to the last). Pendulum-v1 at 14k
@@ -80,8 +81,8 @@ def test_buffer_wraps_around_and_holds_every_env():
     overwritten by 3 and 4; consecutive steps chain (next_obs of one is obs of the next; Pendulum
     does not reset in 5 steps), in every env, and the envs differ. With --no-autotune the
     temperature stays at --alpha through the gradient steps."""
-    args = sac.validate(sac.Args(autotune=False, alpha=(0.2,), **TINY))
-    train = make_train(sac, args)
+    args = validated(sac, autotune=False, alpha=(0.2,), **TINY)
+    train = sweep.build_train(args)
     hp = hp_of(args)
     runner = train.init(jax.random.PRNGKey(0), hp)
     first_obs = np.asarray(runner.obs)
@@ -112,15 +113,15 @@ def test_a_time_limit_is_stored_as_no_termination_with_its_final_observation(mon
     not the next episode's first, which step 3 starts from; the other steps chain."""
     from gymnax.environments.classic_control.pendulum import EnvState
 
-    make = sac.make_env
+    make = envs.make_env
 
     def cut_after_3(args):
         env, env_params = make(args)
         return env, env_params.replace(max_steps_in_episode=3)
 
-    monkeypatch.setattr(sac, "make_env", cut_after_3)
-    args = sac.validate(sac.Args(**{**TINY, "buffer_size": 10}))
-    train = make_train(sac, args)
+    monkeypatch.setattr(envs, "make_env", cut_after_3)
+    args = validated(sac, **{**TINY, "buffer_size": 10})
+    train = sweep.build_train(args)
     hp = hp_of(args)
     runner = jax.jit(train.update)(hp, train.init(jax.random.PRNGKey(0), hp))[0]
     buf = jax.tree.map(np.asarray, runner.buffer)  # [envs, slots, ...]: slot t holds step t
@@ -162,13 +163,13 @@ def test_sampling_draws_filled_slots_only_and_splits_by_env():
 def loss_inputs(autotune=True, seed=0):
     """Pendulum-v1's networks as make_train builds them, params from its init, a target critic
     apart from the critic, and a random batch (some terminated) with its noise."""
-    args = sac.validate(sac.Args(**TINY, autotune=autotune))
-    env, env_params = sac.make_env(args)
+    args = validated(sac, **TINY, autotune=autotune)
+    env, env_params = envs.make_env(args)
     low, high = sac.action_bounds(env, env_params)
     actor = sac.Actor(tuple(map(float, low)), tuple(map(float, high)), args.hidden_size)
     critic = sac.TwinCritic(args.hidden_size)
     hp = hp_of(args)
-    params = make_train(sac, args).init(jax.random.PRNGKey(seed), hp).params
+    params = sweep.build_train(args).init(jax.random.PRNGKey(seed), hp).params
     rng = np.random.default_rng(seed)
     batch_size = 32
     batch = sac.Transition(
@@ -215,9 +216,9 @@ def test_the_critics_regress_on_the_target_critics_and_these_follow_by_polyak():
     expected = float(((q - y) ** 2).mean(-1).sum())
     got = sac.loss_fn(params, target, actor, critic, hp, True, batch, noise)[1]["loss/critic"]
     np.testing.assert_allclose(float(got), expected, rtol=1e-5)
-    args = sac.validate(sac.Args(**{**TINY, "learning_starts": 0, "num_steps": 1,
-                                    "total_timesteps": 2, "tau": (0.3,)}))
-    train = make_train(sac, args)
+    args = validated(sac, **{**TINY, "learning_starts": 0, "num_steps": 1,
+                     "total_timesteps": 2, "tau": (0.3,)})
+    train = sweep.build_train(args)
     hp = hp_of(args)
     runner = train.init(jax.random.PRNGKey(0), hp)
     runner = runner._replace(target_critic=target)  # apart from the critic
@@ -232,8 +233,8 @@ def test_critic_layer_norm_makes_q_blind_to_the_first_layers_scale(layer_norm):
     """--critic-layer-norm reaches the critics make_train builds: a LayerNorm before each relu, so
     Q does not change when the first layer's kernel and bias are scaled by 7 (LayerNorm(7 z) =
     LayerNorm(z)); without it, Q changes."""
-    args = sac.validate(sac.Args(**TINY, critic_layer_norm=layer_norm))
-    params = make_train(sac, args).init(jax.random.PRNGKey(0), hp_of(args)).params["critic"]
+    args = validated(sac, **TINY, critic_layer_norm=layer_norm)
+    params = sweep.build_train(args).init(jax.random.PRNGKey(0), hp_of(args)).params["critic"]
     assert ("LayerNorm_1" in params["params"]) == layer_norm
     rng = np.random.default_rng(0)
     obs, action = jnp.float32(rng.normal(size=(16, 3))), jnp.float32(rng.normal(size=(16, 1)))
@@ -254,10 +255,10 @@ def test_anneal_lr_spans_exactly_the_runs_gradient_steps(learning_starts):
     gradient steps (those after each env step from the one reaching learning_starts on, counted
     here step by step), which the run's Adam counts: on a constant gradient (Adam's step then
     exactly lr) the k-th step is lr (1 - k / steps), the one after the run's last is 0."""
-    args = sac.validate(sac.Args(**{**TINY, "learning_starts": learning_starts},
-                                 anneal_lr=True))
+    args = validated(sac, **{**TINY, "learning_starts": learning_starts},
+                     anneal_lr=True)
     hp = hp_of(args)
-    train = make_train(sac, args)
+    train = sweep.build_train(args)
     env_steps = train.num_updates * args.num_steps  # of each env
     steps = args.gradient_steps * sum(
         step * args.num_envs >= learning_starts for step in range(1, env_steps + 1))
@@ -279,9 +280,9 @@ def test_updates_sample_only_the_slots_written():
     """Every slot of the buffer poisoned (NaN) before the run: the slots an update writes are
     the only ones its gradient steps draw from (filled as the update computes it), so the
     parameters stay finite while most of the buffer is still poison."""
-    args = sac.validate(sac.Args(**{**TINY, "buffer_size": 40, "learning_starts": 2,
-                                    "num_steps": 6}))
-    train = make_train(sac, args)
+    args = validated(sac, **{**TINY, "buffer_size": 40, "learning_starts": 2,
+                     "num_steps": 6})
+    train = sweep.build_train(args)
     hp = hp_of(args)
     runner = train.init(jax.random.PRNGKey(0), hp)
     runner = runner._replace(buffer=jax.tree.map(lambda x: jnp.full_like(x, jnp.nan),
@@ -297,10 +298,10 @@ def test_actions_are_uniform_before_learning_starts():
     learning_starts the stored actions are uniform over [-2, 2] (a quarter in each quarter of
     the range), after it the policy's: one update of 8 envs x 100 steps, learning_starts 400 (the
     first 50 steps of each env)."""
-    args = sac.validate(sac.Args(**{**TINY, "num_envs": 8, "buffer_size": 800, "batch_size": 8,
-                                    "num_steps": 100, "total_timesteps": 800,
-                                    "learning_starts": 400, "gradient_steps": 1}))
-    train = make_train(sac, args)
+    args = validated(sac, **{**TINY, "num_envs": 8, "buffer_size": 800, "batch_size": 8,
+                     "num_steps": 100, "total_timesteps": 800,
+                     "learning_starts": 400, "gradient_steps": 1})
+    train = sweep.build_train(args)
     hp = hp_of(args)
     runner = train.init(jax.random.PRNGKey(1), hp)
     params = jax.tree.map(lambda x: x, runner.params)
@@ -340,16 +341,16 @@ def test_one_run_over_two_devices_is_the_same_experiment():
     """One seed of 2 envs on one device, and split over two (each device its env's share of the
     buffer, gradients averaged): the updates' metrics agree to rounding; the actor's parameters
     stay equal and the greedy and sampled actions lie in the action box."""
-    args = sac.validate(sac.Args(num_seeds=1, track=False,
-                                 **dict(TINY, total_timesteps=40, learning_starts=12)))
-    state1, one, _ = sac.run(args, num_devices=1)
-    state2, two, timing = sac.run(args, num_devices=2)
+    args = validated(sac, num_seeds=1, track=False,
+                     **dict(TINY, total_timesteps=40, learning_starts=12))
+    state1, one, _ = sweep.run(args, num_devices=1)
+    state2, two, timing = sweep.run(args, num_devices=2)
     assert timing["span"] == 2
     for key in one:
         np.testing.assert_allclose(one[key], two[key], rtol=1e-4, atol=1e-5, err_msg=key)
     assert np.isfinite(one["loss/critic"][0, -1]) and np.isnan(one["loss/critic"][0, 0])
     assert one["stats/alpha"][0, -1] != 1.0  # learnt, from alpha's start at 1
-    train = make_train(sac, args)
+    train = sweep.build_train(args)
     runner = jax.tree.map(lambda x: x[0], state2)
     obs = jax.random.normal(jax.random.PRNGKey(0), (50, 3)) * 5
     for key in (None, jax.random.PRNGKey(1)):
@@ -361,7 +362,7 @@ def test_learns_pendulum():
     assert_learns(sac, LEARNING["pendulum"])
 
 
-@pytest.mark.parametrize("flags, flag", [
+@pytest.mark.parametrize("typed, flag", [
     (["--num-envs", "3", "--buffer-size", "1000"], "--buffer-size"),
     (["--num-envs", "3", "--buffer-size", "999", "--batch-size", "256"], "--batch-size"),
     (["--env-id", "CartPole-v1"], "--env-id"),
@@ -371,17 +372,17 @@ def test_learns_pendulum():
     (["--learning-starts", "-1"], "--learning-starts"),
     (["--pbt", "--alpha", "0.1", "0.2"], "--pbt cannot move --alpha while --autotune learns it"),
 ])
-def test_bad_input_is_one_line_exit_2(flags, flag, tmp_path):
-    assert_usage_error("sac.py", flags, flag, tmp_path)
+def test_bad_input_is_one_line_exit_2(typed, flag, tmp_path):
+    assert_usage_error("sac.py", typed, flag, tmp_path)
 
 
 def test_a_fixed_temperature_defaults_to_cleanrls():
     """--no-autotune alone fixes alpha at 0.2 (CleanRL's), not at the presets' 1.0, which is the
     learnt temperature's start; a typed alpha holds either way."""
-    assert sac.validate(sac.Args(autotune=False)).alpha == (0.2,)
-    assert sac.validate(sac.Args()).alpha == (1.0,)
-    assert sac.validate(sac.Args(autotune=False, alpha=(0.05,))).alpha == (0.05,)
-    args = sac.validate(sac.Args(autotune=False, alpha=(0.1, 0.2), pbt=True, num_seeds=2))
+    assert validated(sac, autotune=False).alpha == (0.2,)
+    assert validated(sac).alpha == (1.0,)
+    assert validated(sac, autotune=False, alpha=(0.05,)).alpha == (0.05,)
+    args = validated(sac, autotune=False, alpha=(0.1, 0.2), pbt=True, num_seeds=2)
     assert args.alpha == (0.1, 0.2)  # --pbt moves a fixed one
 
 
@@ -393,11 +394,11 @@ def test_a_buffer_too_big_for_memory_is_refused_naming_it(tmp_path, capsys, monk
             str(tmp_path)]
     calls = []
     monkeypatch.setattr(sys, "argv", argv)
-    monkeypatch.setattr(sac, "progress", lambda *a: calls.append(a) or "")
+    monkeypatch.setattr(reports, "progress", lambda *a: calls.append(a) or "")
     handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:  # (main() installs its own: pytest's back after)
         with pytest.raises(SystemExit) as exit_info:
-            sac.main()
+            cli.main(sac)
     finally:
         for sig, handler in handlers.items():
             signal.signal(sig, handler)

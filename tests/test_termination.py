@@ -15,7 +15,8 @@ import pytest
 
 import ppo
 import vpg
-from conftest import make_train
+from conftest import validated
+from runner import envs, flags, sweep
 
 EPISODE_STEPS = 20  # CartPole-v1's time limit here: the first policies' episodes end both ways
 RUN = dict(env_id="CartPole-v1", num_envs=8, num_steps=32, num_minibatches=2, update_epochs=2,
@@ -29,7 +30,7 @@ def record_update(module, monkeypatch):
     scalars), the observations each step's next value is taken of ("final": [N, 4] per step, the
     final observations before any auto-reset) and what each loss_fn call trains on ("loss":
     terminated, rewards, targets; [B] flattened minibatch rows)."""
-    make, gae, loss_fn = module.make_env, module.compute_gae, module.loss_fn
+    make, gae, loss_fn = envs.make_env, module.compute_gae, module.loss_fn
     value = module.ActorCritic.value
     records = {"gae": [], "loss": [], "final": []}
 
@@ -56,7 +57,7 @@ def record_update(module, monkeypatch):
         report("loss", batch.terminated, batch.reward, targets)
         return loss_fn(*args)
 
-    monkeypatch.setattr(module, "make_env", short_make)
+    monkeypatch.setattr(envs, "make_env", short_make)
     monkeypatch.setattr(module, "compute_gae", recording_gae)
     monkeypatch.setattr(module.ActorCritic, "value", recording_value)
     monkeypatch.setattr(module, "loss_fn", recording_loss)
@@ -93,11 +94,11 @@ def test_terminated_steps_do_not_bootstrap(module, monkeypatch):
       compute_gae (terminated or truncated) as terminated, and with every episode end handed
       to it as a truncation."""
     records = record_update(module, monkeypatch)
-    args = module.validate(module.Args(**RUN))
+    args = validated(module, **RUN)
     assert not args.normalize_obs  # the final observations below are the env's own
-    hp = {k: jnp.float32(v) for k, v in module.grid(args)[0].items()}
+    hp = {k: jnp.float32(v) for k, v in flags.grid(args)[0].items()}
     key = jax.random.PRNGKey(0)
-    train = jax.jit(make_train(module, args)).lower(key, hp).compile(module.COMPILER_OPTIONS)
+    train = jax.jit(sweep.build_train(args)).lower(key, hp).compile(args.algorithm.COMPILER_OPTIONS)
     jax.block_until_ready(train(key, hp))  # compiled as the runner does (the file's options)
     assert len(records["gae"]) == 2 and len(records["loss"]) > 0, records.keys()
 

@@ -1,9 +1,7 @@
 """VPG: learning curves against stated thresholds, the policy gradient against a plain per-sample
 score-function computation, the split optimisers and their state, truncation bootstrapping, the
 seed sweep, the CLI."""
-import shutil
 
-import flax.serialization
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -15,11 +13,10 @@ from conftest import (
     assert_truncation_bootstraps_from_final_observation,
     assert_usage_error,
     help_text,
-    make_train,
-    read_scalars,
     record_gae_inputs_with_short_episodes,
-    run_script,
+    validated,
 )
+from runner import flags, sweep
 
 # One table: what a correct VPG reaches, the env-step budget it gets (default flags fill the rest),
 # on how many seeds, judged as test_ppo.py's (conftest.learning_verdict: the seeds' median final
@@ -47,11 +44,11 @@ def tiny_batch(env_id, n=7, ent_coef=0.05):
     """A hand-made batch of n samples and perturbed parameters (so the policy is not uniform),
     with vpg.loss_fn bound to its network and hyperparameters (the advantages standardized first, as
     the update does)."""
-    args = vpg.validate(vpg.Args(env_id=env_id, hidden_size=8, ent_coef=(ent_coef,),
-                                 track=False))
+    args = validated(vpg, env_id=env_id, hidden_size=8, ent_coef=(ent_coef,),
+                     track=False)
     continuous, obs_dim = env_id == "Pendulum-v1", 4 if env_id == "CartPole-v1" else 3
     network = vpg.ActorCritic(1 if continuous else 2, continuous, args.hidden_size)
-    hp = {k: np.float32(v) for k, v in vpg.grid(args)[0].items()}
+    hp = {k: np.float32(v) for k, v in flags.grid(args)[0].items()}
     loss_fn = lambda params, batch, advantages, targets: vpg.loss_fn(
         params, network, hp, batch, vpg.standardize(advantages), targets)
     rng = np.random.default_rng(0)
@@ -152,12 +149,12 @@ def tiny_train():
     applied inside the same trace as the run."""
     with pytest.MonkeyPatch.context() as monkeypatch:
         calls = record_gae_inputs_with_short_episodes(vpg, monkeypatch)
-        args = vpg.validate(vpg.Args(**TINY_TRAIN))
-        train = make_train(vpg, args)
+        args = validated(vpg, **TINY_TRAIN)
+        train = sweep.build_train(args)
 
         @jax.jit
         def train_then_step(key, hp):
-            runner, _ = train(key, hp)
+            runner, metrics = train(key, hp)
             policy_tx, tx = vpg.make_tx(args, hp, train.num_updates)
             params = runner.params
             grads = jax.tree.map(jnp.ones_like, params)
@@ -166,18 +163,18 @@ def tiny_train():
             for _ in range(3):
                 update, value_state = tx.update(grads, value_state, params)
                 value_updates.append(update)
-            return runner, policy_update, value_updates
+            return runner, metrics, policy_update, value_updates
 
-        hp = {k: jnp.float32(v) for k, v in vpg.grid(args)[0].items()}
-        runner, policy_update, value_updates = jax.device_get(
+        hp = {k: jnp.float32(v) for k, v in flags.grid(args)[0].items()}
+        runner, metrics, policy_update, value_updates = jax.device_get(
             train_then_step(jax.random.PRNGKey(0), hp))
-    return args, runner, calls, policy_update, value_updates
+    return args, runner, calls, policy_update, value_updates, metrics
 
 
 def test_policy_step_moves_only_the_actor_and_value_steps_only_the_critic(tiny_train):
     """Each optimiser keeps its own Adam moments: after the policy step, value steps whose gradient
     reaches the actor too (the loss sums both parts) leave the actor exactly as it is."""
-    *_, policy_update, value_updates = tiny_train
+    *_, policy_update, value_updates, _ = tiny_train
     is_critic = lambda path: "critic" in jax.tree_util.keystr(path)
     for path, u in jax.tree_util.tree_leaves_with_path(policy_update):
         assert bool(np.all(u == 0)) == is_critic(path), jax.tree_util.keystr(path)
@@ -209,73 +206,26 @@ def test_truncation_bootstraps_from_the_final_observation(tiny_train):
     assert_truncation_bootstraps_from_final_observation(calls)
 
 
-# The tiny run that the seed-sweep and CLI tests share: as Args and as the flags a user types.
-TINY = dict(env_id="CartPole-v1", num_envs=8, num_steps=32, num_minibatches=4,
-            total_timesteps=8 * 32 * 10, num_seeds=4)
-TINY_FLAGS = [f"--{key.replace('_', '-')}={value}" for key, value in TINY.items()]
-
-
-def test_a_copied_file_runs_alone_and_its_sweep_is_the_one_in_process(tmp_path):
-    """The file copied out of the repository and run alone, as a user would, on 2 devices: a
-    progress line per segment, events and a model for each seed; the same sweep in this process,
-    on the same layout, computes it bit for bit. (Other device layouts: test_ppo's, the same
-    runner.)"""
-    shutil.copy(vpg.__file__, tmp_path / "vpg.py")
-    proc = run_script(tmp_path / "vpg.py", *TINY_FLAGS, "--save-model", "--log-dir",
-                      tmp_path / "runs", cwd=tmp_path)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    (run_dir,) = (tmp_path / "runs").iterdir()
-    assert "final return per seed" in proc.stdout
-    assert proc.stdout.count("[vpg] steps") == 10  # a progress line per segment
-    assert run_dir.name.startswith("CartPole-v1__vpg__1__")
-    for k in range(4):
-        points = read_scalars(run_dir / f"seed_{k}", "charts/episodic_return")
-        steps = [s for s, _ in points]
-        assert len(steps) >= 5 and steps == sorted(steps) and len(set(steps)) == len(steps)
-        for tag in ["losses/policy", "losses/value", "losses/entropy", "stats/approx_kl"]:
-            assert read_scalars(run_dir / f"seed_{k}", tag), tag
-    payload = flax.serialization.msgpack_restore((run_dir / "model.msgpack").read_bytes())
-    network = vpg.ActorCritic(action_dim=2, continuous=False, hidden_size=64)
-    dist, value = network.apply(jax.tree.map(lambda x: x[0], payload["params"]), jnp.zeros((3, 4)))
-    assert dist.logits.shape == (3, 2) and value.shape == (3,)
-    assert jax.tree.leaves(payload["params"])[0].shape[0] == 4
-
-    args = vpg.validate(vpg.Args(track=False, **TINY))
-    state, two_devices, _ = vpg.run(args, num_devices=2)
-    assert set(two_devices) == {"env_steps", "episode_return", "episode_length", "episodes",
-                                "loss/policy",
-                                "loss/value", "loss/entropy", "stats/approx_kl",
-                                "charts/learning_rate"}
-    assert all(v.shape == (4, 10) for v in two_devices.values())
-    # The learning rate in force at each update's first step: annealed linearly over 10 updates.
-    np.testing.assert_allclose(two_devices["charts/learning_rate"],
-                               np.tile(args.learning_rate[0] * (1 - np.arange(10) / 10), (4, 1)),
-                               rtol=1e-6, atol=1e-9)
-    # The same command on the same layout is bit-identical: the user's run (another process)
-    # logged the very same metrics, every update and seed, and saved the very same parameters.
-    for k in range(4):
-        for key, tag in [("loss/value", "losses/value"), ("stats/approx_kl", "stats/approx_kl"),
-                         ("episode_return", "charts/episodic_return"),
-                         ("charts/learning_rate", "charts/learning_rate")]:
-            logged = dict(read_scalars(run_dir / f"seed_{k}", tag))
-            ours = {int(step): np.float32(value) for step, value in
-                    zip(two_devices["env_steps"][k], two_devices[key][k]) if np.isfinite(value)}
-            assert logged == ours, (k, key)
-    jax.tree.map(np.testing.assert_array_equal, payload["params"], jax.device_get(state.params))
-    # Seeds are independent experiments: no two seeds of the sweep see the same losses.
-    losses = np.asarray(two_devices["loss/value"])
-    assert len({float(x) for x in losses[:, 0]}) == 4
-    # The one step per batch moves the policy, a little.
-    kl = np.asarray(two_devices["stats/approx_kl"])
-    assert np.all(kl > 0) and np.all(kl < 0.05), kl
+def test_metrics_of_an_update(tiny_train):
+    """VPG's metrics, an entry per update: the learning rate in force at the update's first step
+    (annealed linearly over the run) and the one policy step per batch, which moves the policy a
+    little (its approximate KL)."""
+    args, *_, metrics = tiny_train
+    assert set(metrics) == {"env_steps", "episode_return", "episode_length", "episodes",
+                            "loss/policy", "loss/value", "loss/entropy", "stats/approx_kl",
+                            "charts/learning_rate"}
+    assert all(v.shape == (3,) for v in metrics.values())
+    np.testing.assert_allclose(metrics["charts/learning_rate"],
+                               args.learning_rate[0] * (1 - np.arange(3) / 3), rtol=1e-6)
+    assert np.all(metrics["stats/approx_kl"] > 0) and np.all(metrics["stats/approx_kl"] < 0.05)
 
 
 def test_a_network_without_a_critic_is_refused():
     """The value steps move the parameters of the module named critic: a network without one
     (or with nothing beside it) is refused when the optimisers meet it, not trained wrongly."""
-    args = vpg.validate(vpg.Args(hidden_size=8, track=False))
-    hp = {k: np.float32(v) for k, v in vpg.grid(args)[0].items()}
-    txs = vpg.make_tx(args, hp, make_train(vpg, args).num_updates)
+    args = validated(vpg, hidden_size=8, track=False)
+    hp = {k: np.float32(v) for k, v in flags.grid(args)[0].items()}
+    txs = vpg.make_tx(args, hp, sweep.build_train(args).num_updates)
     for params in [{"params": {"actor": {"w": jnp.zeros(2)}}},
                    {"params": {"critic": {"w": jnp.zeros(2)}}}]:
         for tx in txs:
@@ -291,7 +241,7 @@ def test_help_lists_every_flag_with_its_doc(capsys):
     assert "--clip-coef" not in text and "--vf-coef" not in text
 
 
-@pytest.mark.parametrize("flags, flag", [
+@pytest.mark.parametrize("typed, flag", [
     (["--num-envs", "0"], "--num-envs"),
     (["--num-seeds", "0"], "--num-seeds"),
     (["--env-id", "NoSuchEnv-v0"], "--env-id"),
@@ -301,12 +251,5 @@ def test_help_lists_every_flag_with_its_doc(capsys):
     (["--gae-lambda", "1.5"], "--gae-lambda"),
     (["--max-grad-norm", "0"], "--max-grad-norm"),  # a clip of 0 would zero every step
 ])
-def test_bad_input_is_one_line_exit_2(flags, flag, tmp_path):
-    assert_usage_error("vpg.py", flags, flag, tmp_path)
-
-
-def test_cli_usage_error_exit_code(tmp_path):
-    proc = run_script("vpg.py", "--num-envs", "0", "--log-dir", tmp_path / "runs", cwd=tmp_path)
-    assert proc.returncode == 2
-    assert proc.stderr.strip() == "error: --num-envs must be >= 1 (got 0)"
-    assert not (tmp_path / "runs").exists()
+def test_bad_input_is_one_line_exit_2(typed, flag, tmp_path):
+    assert_usage_error("vpg.py", typed, flag, tmp_path)

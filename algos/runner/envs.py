@@ -42,12 +42,9 @@ def draw(env, env_params, states: list, rewards, path: str):
         return env.write_gif(states, path)
     from gymnax.visualize import Visualizer
     gif = Visualizer(env, env_params, states, np.cumsum(rewards))
-    try:
-        gif.animate(path)
-    except AttributeError:
-        if hasattr(gif, "im"):  # (its init draws nothing, silently, for an env it cannot draw)
-            raise
-        raise ValueError("gymnax has no drawing of it") from None
+    gif.animate(path)
+    if not hasattr(gif, "im"):  # (it draws nothing, silently, of an env it has no drawing of)
+        raise ValueError("gymnax has no drawing of it")
 
 
 def brax_env(name: str, backend: str) -> tuple:

@@ -38,7 +38,7 @@ class RunnerFlags:
     """evaluate after every segment too (tensorboard: eval/episodic_return_greedy, _sampled)"""
     load_model: Optional[str] = None
     """a model.msgpack (--save-model): no training; the end of training again, from its saved
-    policies (their evaluation, --capture-gif, the file's pictures)"""
+    policies (their evaluation, GIF and pictures, as asked)"""
     compile_cache_dir: str = os.environ.get("JAX_COMPILATION_CACHE_DIR",
                                             os.path.expanduser("~/.cache/jax"))
     """persistent compilation cache, so a rerun skips most of the compile ("" turns it off)"""

@@ -1,5 +1,5 @@
 """What a run reports: a progress line after each segment, each run's final return, the summary at
-the end (a configuration's seeds, a sweep's rows with intervals, or --pbt's population by lineage)."""
+the end (a configuration's seeds, a sweep's rows with intervals, or the population by lineage)."""
 import dataclasses
 
 import jax
