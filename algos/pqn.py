@@ -79,8 +79,8 @@ SIZE_FLAGS = ("num_envs", "num_steps")
 
 
 # ============================================================================ 2. environment
-# The env comes from the runner (make_env: gymnax's, or Brax's behind that interface); what acting
-# in it needs: the exploration schedule and rule.
+# The env comes from the runner (its envs.make_env: gymnax's); what acting in it needs: the
+# exploration schedule and rule.
 def epsilon_schedule(env_steps, start_e, end_e, decay_steps):
     """Epsilon after `env_steps` environment steps: linear from start_e to end_e over the first
     `decay_steps`, then end_e."""

@@ -84,7 +84,7 @@ SIZE_FLAGS = ("num_envs", "buffer_size", "batch_size")
 
 
 # ============================================================================ 2. environment
-# The env comes from the runner (make_env: gymnax's, or Brax's behind that interface); its Box
+# The env comes from the runner (envs.make_env: gymnax's, or Brax's behind that interface); its Box
 # actions are the policy's tanh scaled to [low, high].
 def squash(u, low, high):
     """Actions in [low, high] of the Gaussian samples u, and log |d action / d u| per row; the

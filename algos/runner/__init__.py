@@ -1,41 +1,17 @@
-"""The runner: what every training file in algos/ shares, written once. A training file holds its
-algorithm and ends with the same two lines, `import runner` and `runner.main(<this module>)`; the
-runner reads the names of its contract below from the module it is handed, and no other, never
-imports an algorithm file by name nor branches on one. A module a concern:
-    flags       the runner's flags beside the algorithm's, their rules, the sweep they describe
-    envs        gymnax's envs, or a Brax task behind their interface; their drawing
-    devices     a device per core, --distributed's processes, the mesh, Shard (a run's part)
-    sweep       the compiled program: configurations x seeds over the mesh, in segments
-    pbt         population-based training between two segments
-    reports     progress, final returns, the summary, the population by lineage
-    events      tensorboard event files
-    files       checkpoints, --resume, models, atomic writes
-    evaluation  the policies played on fresh episodes; GIFs
-    cli         main: the command line, signals, files, errors as one line each
-"""
-
+"""The runner: what every training file in algos/ shares, written once. A file holds its algorithm
+and ends with a tail that hands the module to cli.main; the runner reads from it the names of the
+contract below, no other, and never imports an algorithm file nor branches on one's name."""
 import dataclasses
-
-
-@dataclasses.dataclass
-class NoFlags:
-    """No switches of the file's own."""
-
-
-def no_pictures(folder, args, state) -> list:
-    return []
-
 
 REQUIRED = object()
 # The contract: each name the runner reads from an algorithm module, its shape and purpose; then
 # its default where a module may leave it out (REQUIRED: it may not).
 CONTRACT = {
-    # The module's docstring: its first paragraph opens --help.
-    "__doc__": REQUIRED,
-    # The module's path: its stem is --exp-name's default; checkpoints and models name the file.
-    "__file__": REQUIRED,
+    # The module's docstring (its first paragraph opens --help), its path (its stem: --exp-name's
+    # default; checkpoints and models name the file).
+    "__doc__": REQUIRED, "__file__": REQUIRED,
     # A dataclass of the algorithm's flags, env_id first; each field's docstring is its --help.
-    # A field left None is filled by resolve (its --help shows the default env's value).
+    # A field left None is filled by resolve (--help shows its value on the default env).
     "Hyperparams": REQUIRED,
     # {flag: (rule text, rule)}: the float flags the program traces, typed tuple[float, ...]
     # (several values: a sweep, one program); rule(x) -> bool, on arrays too.
@@ -45,7 +21,7 @@ CONTRACT = {
     # The flags that set a run's memory, named when it does not fit.
     "SIZE_FLAGS": REQUIRED,
     # resolve(args, env, env_params) -> args, every None filled (presets, rules); a ValueError
-    # names a bad flag (the runner reports it as one line, exit 2).
+    # names a bad flag (reported as one line, exit 2).
     "resolve": REQUIRED,
     # make_train(args, env, env_params, shard) -> train(key, hp) -> (state, metrics): one run, hp
     # {HPARAMS flag: traced float32}; shard: a devices.Shard (Shard(): the run on one device).
@@ -77,9 +53,9 @@ CONTRACT = {
     # {metric: format} of the metrics shown in progress lines and the summary.
     "SHOWN": {},
     # A dataclass of the file's own switches (bool fields), beside the hyperparameters.
-    "ExtraFlags": NoFlags,
+    "ExtraFlags": dataclasses.make_dataclass("NoFlags", []),
     # draw(folder, args, state) -> [paths] of the file's own pictures of one configuration.
-    "draw": no_pictures,
+    "draw": lambda folder, args, state: [],
 }
 
 
@@ -96,9 +72,3 @@ class Algorithm:
         if CONTRACT[name] is REQUIRED:
             return getattr(self.module, name)
         return getattr(self.module, name, CONTRACT[name])
-
-
-def main(module):
-    """The command line (sys.argv) on an algorithm module: the tail of every training file."""
-    from . import cli
-    cli.main(module)

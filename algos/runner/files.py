@@ -23,9 +23,10 @@ THIS_PROCESS = ("resume", "load_model", "compile_cache_dir", "distributed", "coo
 
 def config_dirs(run_dir, args) -> list:
     """(arguments, directory) of each configuration: in a sweep, one named by its swept values."""
-    return [(dataclasses.replace(args, **{k: (v,) for k, v in config.items()}), os.path.join(
-        run_dir, "__".join(f"{k}={v:g}" for k, v in config.items() if len(getattr(args, k)) > 1)))
-        for config in flags.grid(args)]
+    varied = flags.swept(args)
+    return [(dataclasses.replace(args, **{k: (v,) for k, v in config.items()}),
+             os.path.join(run_dir, "__".join(f"{k}={config[k]:g}" for k in varied)))
+            for config in flags.grid(args)]
 
 
 def write_atomic(path, data: bytes):
