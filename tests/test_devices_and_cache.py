@@ -1,6 +1,6 @@
-"""What the runner (one code in ppo.py, vpg.py and q_learning.py: test_layout.py) does with the
-machine: one CPU device per core unless the user chose a count, the largest device count that
-divides the seeds, and the persistent compilation cache (a rerun compiles from it)."""
+"""What the runner (algos/runner/, the same for every file) does with the machine: one CPU device
+per core unless the user chose a count, the largest device count that divides the seeds, and the
+persistent compilation cache (a rerun compiles from it)."""
 import os
 import re
 import warnings
@@ -23,7 +23,7 @@ TINY = {  # script -> flags of a run that compiles and trains in a few seconds
 }
 
 
-@pytest.mark.parametrize("script", ["ppo.py"])  # the runner of all three (test_layout.py)
+@pytest.mark.parametrize("script", ["ppo.py"])  # (the runner is the same for every file)
 def test_one_device_per_core_and_cache_on_rerun(script, tmp_path):
     """Without XLA_FLAGS, a sweep of os.cpu_count() seeds runs on that many devices; the second
     run of the same command compiles from the cache directory the first one filled, with JAX's

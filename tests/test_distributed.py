@@ -1,5 +1,5 @@
-"""--distributed on one machine, checked on q_learning.py (the runner is one code in ppo.py,
-vpg.py and q_learning.py: test_layout.py): a sweep as 2 processes on 127.0.0.1 with 1 host device
+"""--distributed on one machine, checked on q_learning.py (the runner is the same for every file:
+algos/runner/): a sweep as 2 processes on 127.0.0.1 with 1 host device
 each, against the same sweep in one process with 2 devices. Both put the same runs on each device,
 and process 0 writes exactly the numbers of the single-process run, its summary table too (with
 --pbt: its population steps too, every process holding the gathered one); process 1 writes
@@ -164,7 +164,7 @@ def test_a_missing_process_is_one_line_after_the_timeout(process_id, message, mo
     """A one-line error once JOIN_TIMEOUT_S has passed, instead of a hang or JAX's abort
     (checked in-process with a 2 s timeout; nothing else listens on the port)."""
     monkeypatch.setattr(devices, "JOIN_TIMEOUT_S", 2)
-    args = flags.args_class(ppo)(coordinator_address=f"127.0.0.1:{free_port()}", num_processes=2,
-                    process_id=process_id)
+    args = flags.args_class(ppo)(coordinator_address=f"127.0.0.1:{free_port()}",
+                                 num_processes=2, process_id=process_id)
     with pytest.raises(flags.ArgError, match=f"{message} within 2 s"):
         devices.start_processes(args)

@@ -300,23 +300,16 @@ def test_ppo_state_resumes_from_its_checkpoint_bit_for_bit(seeds, tmp_path):
     jax.tree.map(np.testing.assert_array_equal, resumed_state, final_state)
 
 
-@pytest.fixture(scope="module")
-def checkpointed(tmp_path_factory):
-    """A finished tiny ppo run directory with its checkpoint, and its flags (without the final
-    evaluation, which nothing here reads)."""
-    log_dir = tmp_path_factory.mktemp("checkpointed")
-    fields = [f"--{k.replace('_', '-')}={v}" for k, v in TINY.items() if k != "track"]
-    proc = run_script("ppo.py", *fields, "--no-track", "--eval-episodes", 0, "--log-dir", log_dir)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    (run_dir,) = log_dir.iterdir()
-    return run_dir, fields
-
-
-def test_bad_resume_and_log_dir_are_one_line_exit_2(checkpointed, tmp_path):
+def test_bad_resume_and_log_dir_are_one_line_exit_2(tmp_path):
     """Nothing compiles, nothing is written: --resume of a missing directory, of a truncated
-    checkpoint, with a flag that changes the computation, of a finished run; an unwritable
-    --log-dir."""
-    run_dir, fields = checkpointed
+    checkpoint, with a flag that changes the computation, of a finished run (a checkpoint after
+    the last of TINY's 53 updates: its state is never read, the refusals come first); an
+    unwritable --log-dir."""
+    run_dir = tmp_path / "finished"
+    run_dir.mkdir()
+    files.write_checkpoint(str(run_dir), validated(ppo, **TINY), {},
+                           {"env_steps": np.zeros((2, 53), np.int32)}, 53)
+    fields = [f"--{k.replace('_', '-')}={v}" for k, v in TINY.items() if k != "track"]
     assert_usage_error("ppo.py", ["--resume", tmp_path / "missing"], "--resume", tmp_path)
     truncated = tmp_path / "truncated"
     shutil.copytree(run_dir, truncated)

@@ -19,18 +19,27 @@ TINY = dict(env_id="CartPole-v1", num_envs=4, num_steps=16, num_minibatches=2,
             total_timesteps=4 * 16 * 3, num_seeds=2, track=False)
 SWEEP = dict(learning_rate=(1e-3, 5e-3), gamma=(0.9, 0.99))
 
+# The shapes of test_ppo.py's seed-sweep test: the 2-device program compiles once for both.
+COPIED = dict(env_id="CartPole-v1", num_envs=8, num_steps=64, num_minibatches=4,
+              total_timesteps=8 * 64 * 10, num_seeds=2, ent_coef=(0.0, 0.01))
 
-@pytest.mark.parametrize("module", [ppo], ids=lambda m: m.__name__)  # the runner of all three
-def test_sweep_configuration_equals_its_single_run(module):
-    """A 2 x 2 grid x 2 seeds on 2 devices, then every configuration alone: the same seed keys,
-    so the first update agrees to 1e-5 (another layout may round differently by an ulp) and the
-    final returns are the same."""
-    args = validated(module, **TINY, **SWEEP)
+
+def test_a_grid_varies_its_first_flag_slowest():
+    args = validated(ppo, **TINY, **SWEEP)
+    assert [(c["learning_rate"], c["gamma"]) for c in flags.grid(args)] == [
+        (1e-3, 0.9), (1e-3, 0.99), (5e-3, 0.9), (5e-3, 0.99)]
+
+
+def test_sweep_configuration_equals_its_single_run():
+    """A 2-value sweep x 2 seeds on 2 devices (the shapes of COPIED below and of test_ppo.py's
+    seed-sweep test: one program for the three), then each configuration alone: the same seed
+    keys, so the first update agrees to 1e-5 (another layout may round differently by an ulp)
+    and the final returns are the same."""
+    args = validated(ppo, **{**COPIED, "learning_rate": (1e-3, 5e-3), "ent_coef": None},
+                     track=False)
     configs = flags.grid(args)
-    assert [(c["learning_rate"], c["gamma"]) for c in configs] == [
-        (1e-3, 0.9), (1e-3, 0.99), (5e-3, 0.9), (5e-3, 0.99)]  # the first flag varies slowest
     _, swept, timing = sweep.run(args)
-    assert timing["devices"] == 2 and swept["episode_return"].shape == (4, 2, 3)
+    assert timing["devices"] == 2 and swept["episode_return"].shape == (2, 2, 10)
     for c, config in enumerate(configs):  # one program for all: the values are traced
         one = dataclasses.replace(args, **{k: (v,) for k, v in config.items()})
         _, single, _ = sweep.run(one)
@@ -41,7 +50,7 @@ def test_sweep_configuration_equals_its_single_run(module):
                                    reports.final_returns(single), rtol=1e-5, err_msg=str(config))
     # The values are traced, not baked in: different configurations give different losses.
     losses = np.asarray(swept["loss/value"])[:, 0, -1]
-    assert len(set(losses.tolist())) == 4, losses
+    assert len(set(losses.tolist())) == 2, losses
 
 
 def test_summary_rows_best_first():
@@ -89,11 +98,6 @@ def test_final_return_is_the_last_episodes_where_none_ended_at_the_end():
 ])
 def test_one_value_flags_refused_before_compiling(script, flags, flag, tmp_path):
     assert_usage_error(script, flags, flag, tmp_path)
-
-
-# The shapes of test_ppo.py's seed-sweep test: the 2-device program compiles once for both.
-COPIED = dict(env_id="CartPole-v1", num_envs=8, num_steps=64, num_minibatches=4,
-              total_timesteps=8 * 64 * 10, num_seeds=2, ent_coef=(0.0, 0.01))
 
 
 def test_a_copy_with_the_runner_beside_it_runs_a_sweep_as_in_process(tmp_path):
