@@ -10,8 +10,8 @@ The environment (gymnax), the rollout, GAE and every gradient step run inside on
     python algos/ppo.py --env-id Pendulum-v1     # continuous actions, 300k steps each
     python algos/ppo.py --env-id Asterix-MinAtar --capture-gif    # the CNN preset; a GIF of it
 
-Expect (benchmarks/results): CartPole-v1 ends at 500 on 64 of 64 seeds; Pendulum-v1 at -156 (IQM),
--250 or better on 62 to 64 of 64 (RESULTS.md); MinAtar at its published PPO returns (MINATAR.md).
+Expect (benchmarks/results): CartPole-v1 ends at 500 on 64 of 64 seeds; Pendulum-v1 at -157 (IQM),
+-250 or better on 63 of 64 (RESULTS.md); MinAtar at its published PPO returns (MINATAR.md).
 """
 
 # ============================================================================ imports

@@ -7,9 +7,9 @@ from its state at the rollout's start: a minibatch is a set of whole envs. All i
     python algos/ppo_rnn.py                              # CartPole-v1, 4 seeds, 300k steps each
     python algos/ppo_rnn.py --env-id MemoryChain-bsuite  # recall a bit seen 5 steps before
     python algos/ppo_rnn.py --mask-velocity              # CartPole-v1 without its velocities
-Expect (benchmarks/results/RNN.md, 4 seeds, greedy evaluation [final training return per seed]):
-CartPole-v1 500 [500 on 3 seeds, 470.4]; without velocities 499.4 at 1M steps [373 to 500];
-Pendulum-v1 without velocities -175 [-164 to -210]; MemoryChain-bsuite 1 [1 on each] (ppo.py 0.02).
+Expect (benchmarks/results/RNN.md, 4 held-out seeds, greedy evaluation [final training return per
+seed]): CartPole-v1 500 [500 on each]; without velocities 465.9 at 1M steps [500, 500, 236.9, 500];
+Pendulum-v1 without velocities -172 [-167 to -207]; MemoryChain-bsuite 1 [1 on each] (ppo.py 0.04).
 """
 
 # ============================================================================ imports

@@ -1,4 +1,5 @@
-"""Reproduce every benchmark table the README shows, with one command.
+"""Reproduce the benchmark tables (benchmarks/results/; the README's results at a glance quote
+them, each row naming its file), with one command.
 
     python benchmarks/run.py            # the full run: about 39 minutes on 2 cores (below)
     python benchmarks/run.py --peers    # and rejax / SB3 beside ours (about 19 minutes more;
@@ -19,13 +20,12 @@
                                                # hopper and walker2d are 8 x 5M steps each)
 
 Writes RESULTS.md (all tables, machine header and load averages first, the time of every section
-last) and the PNGs into --out (default benchmarks/results/). A full run into the default folder
-also refreshes the block of README.md between the results markers, so the README always shows the
-latest full results. Run it alone on the machine: numbers from a loaded machine go in no table.
+last) and the PNGs into --out (default benchmarks/results/). Run it alone on the machine: numbers
+from a loaded machine go in no table.
 Every workload runs in its own process (common.run_worker). The envs section (well over an hour
 on 2 cores), the long_runs section (about 10 minutes: it would break the budget below) and the
 minatar section (84 minutes measured, MINATAR.md) run only when --only names them,
-and write ENVS.md, LONG_RUNS.md and MINATAR.md, never RESULTS.md nor the README.
+and write ENVS.md, LONG_RUNS.md and MINATAR.md, never RESULTS.md.
 
 Time budget of the full run on 2 cores, in seconds (estimated from measurements on a quiet
 machine; RESULTS.md ends with each section's real time):
@@ -97,7 +97,6 @@ ALL = ("commands", "robustness", "q_learning", "is_eval")  # the default run
 QUICK_COST = {"commands": 2, "robustness": 3, "q_learning": 1, "is_eval": 4}  # relative, --quick
 # run only when --only names them: <NAME>.md
 OPTIONAL = ("envs", "long_runs", "minatar", "pbt", "devices", "rnn", "sac", "brax")
-README_START, README_END = "<!-- results:start -->", "<!-- results:end -->"
 FAILED = []  # sections that raised: reported in their place, then the run exits non-zero
 
 
@@ -179,25 +178,8 @@ def main(argv=None):
     name = "RESULTS.md" if only == "" else f"RESULTS-{'-'.join(chosen)}.md"
     (opts.out / name).write_text(report)
     print(report)
-    default_out = (common.ROOT / "benchmarks" / "results").resolve()
-    if FAILED:  # the tables that did run are in the report; the README keeps the last good run
+    if FAILED:  # the tables that did run are in the report
         sys.exit(f"failed sections: {', '.join(FAILED)} (see {opts.out / name})")
-    if not opts.quick and only == "" and opts.out.resolve() == default_out:
-        update_readme(report)
-
-
-def readme_block(report: str) -> str:
-    """RESULTS.md as the README shows it: no title, headings one level down (under the README's
-    Benchmarks section), image links relative to the repository root."""
-    lines = report.replace("](", "](benchmarks/results/").splitlines()[2:]  # no title
-    return "\n".join("#" + line if line.startswith("#") else line for line in lines) + "\n"
-
-
-def update_readme(report: str):
-    readme = common.ROOT / "README.md"
-    text = readme.read_text()
-    start, end = text.index(README_START) + len(README_START), text.index(README_END)
-    readme.write_text(text[:start] + "\n" + readme_block(report) + text[end:])
 
 
 if __name__ == "__main__":
