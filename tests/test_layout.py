@@ -1,4 +1,4 @@
-"""The algorithm first: each training file (ppo, vpg, q_learning, pqn, ppo_rnn, sac) holds its
+"""The algorithm first: each training file (ppo, vpg, q_learning, pqn, ppo_rnn, sac, dqn) holds its
 algorithm and ends with the same tail, which hands the module to the runner (algos/runner/). The
 runner reads from it only the names of its contract (runner/__init__.py), imports no algorithm
 file, and its modules import one another without a cycle; nothing above a file's tail uses it."""
@@ -16,6 +16,7 @@ from unittest import mock
 import numpy as np
 import pytest
 
+import dqn
 import ppo
 import ppo_rnn
 import pqn
@@ -26,7 +27,8 @@ import vpg
 from conftest import ALGOS, ROOT, offered, validated
 from runner import cli, flags
 
-MODULES = {"ppo": ppo, "vpg": vpg, "q_learning": ql, "pqn": pqn, "ppo_rnn": ppo_rnn, "sac": sac}
+MODULES = {"ppo": ppo, "vpg": vpg, "q_learning": ql, "pqn": pqn, "ppo_rnn": ppo_rnn, "sac": sac,
+           "dqn": dqn}
 RUNNER = sorted((ALGOS / "runner").glob("*.py"))
 TAIL = re.compile(r"^# =+ 7\. the tail$", re.M)
 # Issue 69 asked for the runner in at most 1,150 lines; it is 1,445 (the note of its session):
@@ -71,7 +73,7 @@ def test_the_tails_are_identical_and_nothing_above_them_uses_the_runner():
 def test_importing_a_training_file_loads_no_runner():
     """`import ppo` (and every other training file) loads no module of the runner."""
     code = ("import sys; sys.path.insert(0, 'algos'); import ppo, vpg, q_learning, pqn, ppo_rnn, "
-            "sac; print([m for m in sys.modules if m.split('.')[0] == 'runner'])")
+            "sac, dqn; print([m for m in sys.modules if m.split('.')[0] == 'runner'])")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
                          check=True).stdout
     assert out.strip() == "[]", out
@@ -203,7 +205,8 @@ def test_help_shows_what_runs(module):
     text = out.getvalue()
     assert "(default: None)" not in text and "--learning-rate" in text
     hidden = {"q_learning": ("--brax-backend", "--capture-gif", "--eval-episodes",
-                             "--eval-every-segment"), "pqn": ("--brax-backend",)}
+                             "--eval-every-segment"), "pqn": ("--brax-backend",),
+              "dqn": ("--brax-backend",)}
     for name in hidden.get(module.__name__, ()):
         assert name not in text, name
     for name in offered(flags.args_class(module)):

@@ -14,6 +14,7 @@ import pytest
 from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
+import dqn
 import ppo
 import ppo_rnn
 import pqn
@@ -35,6 +36,10 @@ MODULES = {"ppo": (ppo, NORMALIZED), "vpg": (vpg, NORMALIZED), "pqn": (pqn, {}),
 # q_learning: 64 agents that slip, 100 steps an update (its episodes end within one).
 QL_UPDATE = dict(num_seeds=1, num_agents=64, num_steps=100, total_timesteps=100, slip=0.2,
                  track=False)
+# dqn: a gradient step after each of 32 steps of 8 envs, from a buffer of 8 slots an env
+DQN_UPDATE = dict(num_seeds=1, num_envs=8, num_steps=32, total_timesteps=8 * 32, train_frequency=1,
+                  learning_starts=0, buffer_size=64, batch_size=16, hidden_sizes=(16,),
+                  target_update_interval=64, eval_episodes=0, track=False)
 
 
 def assert_same_run(one, two, rtol=1e-5, atol=1e-6):
@@ -55,16 +60,19 @@ def layouts(module, args, *num_devices):
     return [(state, metrics) for state, metrics, _ in results], [t["span"] for *_, t in results]
 
 
-@pytest.mark.parametrize("name", ["vpg", "pqn", "q_learning"])  # ppo, ppo_rnn: the next test
+@pytest.mark.parametrize("name", ["vpg", "pqn", "q_learning", "dqn"])  # ppo, ppo_rnn: the next
 def test_one_update_over_two_devices_is_the_update_on_one(name):
     """2 minibatches x 2 epochs: a run's minibatches hold the same samples on any layout (each
-    block of envs shuffled by a key of its own; q_learning: each agent's draws by its own key),
+    block of envs shuffled by a key of its own; q_learning: each agent's draws by its own key;
+    dqn: each env's share of a batch drawn by its own key from its own slots),
     its statistics (observation and return normalisation, advantages) over all its envs: one
     update on 2 devices is the update on 1 to float32 rounding, parameters, optimiser state and
     metrics. (Before: each device shuffled its share with the run's key; on 2 devices, another
     set of samples per minibatch.)"""
     if name == "q_learning":
         module, args = ql, validated(ql, **QL_UPDATE)
+    elif name == "dqn":
+        module, args = dqn, validated(dqn, **DQN_UPDATE)
     else:
         module, own = MODULES[name]
         args = validated(module, **ONE_UPDATE, **own)
