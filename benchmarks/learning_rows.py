@@ -27,8 +27,7 @@ from runner import evaluation, reports, sweep  # noqa: E402
 
 # test module -> the algorithm module its LEARNING table trains
 TABLES = {"test_ppo": "ppo", "test_vpg": "vpg", "test_ppo_rnn": "ppo_rnn", "test_sac": "sac",
-          "test_dqn": "dqn",
-          "test_presets": "ppo"}
+          "test_dqn": "dqn", "test_td3": "td3", "test_presets": "ppo"}
 
 
 def rows():

@@ -1,10 +1,11 @@
 """SAC: the critic target, the Polyak step and the temperature's gradient against float64 numpy,
 the replay buffer (wrap-around, every env's insertion, a time limit stored as no termination
-with its final observation, sampling of filled slots only, the same batch however the envs are
-split), the call sites (each loss's gradient on its own parameters, the target critics in the
-target and their Polyak step, the update drawing written slots only, uniform actions before
-learning_starts), the squashed log-probability against distrax, one run over two devices against
-one, Pendulum-v1 learnt, the default fixed temperature, and bad input."""
+with its final observation (td3.py's too: its buffer is this one), sampling of filled slots only,
+the same batch however the envs are split), the call sites (each loss's gradient on its own
+parameters, the target critics in the target and their Polyak step, the update drawing written
+slots only, uniform actions before learning_starts), the squashed log-probability against
+distrax, one run over two devices against one, Pendulum-v1 learnt, the default fixed
+temperature, and bad input."""
 import signal
 import sys
 from functools import partial
@@ -15,6 +16,7 @@ import numpy as np
 import pytest
 
 import sac
+import td3
 from conftest import assert_learns, assert_usage_error, validated
 from runner import cli, envs, reports, sweep
 
@@ -106,7 +108,8 @@ def test_buffer_wraps_around_and_holds_every_env():
     np.testing.assert_allclose(buf.reward, -cost, rtol=1e-4, atol=1e-4)
 
 
-def test_a_time_limit_is_stored_as_no_termination_with_its_final_observation(monkeypatch):
+@pytest.mark.parametrize("module", [sac, td3], ids=lambda m: m.__name__)  # (td3.py's: sac's)
+def test_a_time_limit_is_stored_as_no_termination_with_its_final_observation(module, monkeypatch):
     """Pendulum-v1 cut after 3 steps, 2 envs, 5 steps, 5 slots each: the truncated step (step 2)
     is stored with terminated 0 (a time limit is no end: its target bootstraps) and, as next_obs,
     the observation that step led to (the env's own step from the stored observation and action),
@@ -120,9 +123,9 @@ def test_a_time_limit_is_stored_as_no_termination_with_its_final_observation(mon
         return env, env_params.replace(max_steps_in_episode=3)
 
     monkeypatch.setattr(envs, "make_env", cut_after_3)
-    args = validated(sac, **{**TINY, "buffer_size": 10})
+    args = validated(module, **{**TINY, "buffer_size": 10})
     train = sweep.build_train(args)
-    hp = hp_of(args)
+    hp = {k: jnp.float32(getattr(args, k)[0]) for k in module.HPARAMS}
     runner = jax.jit(train.update)(hp, train.init(jax.random.PRNGKey(0), hp))[0]
     buf = jax.tree.map(np.asarray, runner.buffer)  # [envs, slots, ...]: slot t holds step t
     assert (buf.terminated == 0).all()
