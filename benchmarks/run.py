@@ -15,6 +15,7 @@ them, each row naming its file), with one command.
     python benchmarks/run.py --only devices    # one seed over 1 and 2 devices, 2 processes
     python benchmarks/run.py --only rnn        # ppo_rnn.py beside ppo.py on memory tasks
     python benchmarks/run.py --only sac        # sac.py beside ppo.py, rejax and sbx (~38 min)
+    python benchmarks/run.py --only td3        # td3.py, and as DDPG, beside sac.py (~7 min)
     python benchmarks/run.py --only brax       # the CPU-sized Brax presets on held-out seeds,
                                                # ppo.py beside PureJaxRL on hopper (hours:
                                                # hopper and walker2d are 8 x 5M steps each)
@@ -90,13 +91,14 @@ SECTIONS = {  # selector -> module (in the order of RESULTS.md)
     "devices": "bench_devices",
     "rnn": "bench_rnn",
     "sac": "bench_sac",
+    "td3": "bench_td3",
     "brax": "bench_brax",
     "peers": "peers",  # with --peers, after the others (its own requirements)
 }
 ALL = ("commands", "robustness", "q_learning", "is_eval")  # the default run
 QUICK_COST = {"commands": 2, "robustness": 3, "q_learning": 1, "is_eval": 4}  # relative, --quick
 # run only when --only names them: <NAME>.md
-OPTIONAL = ("envs", "long_runs", "minatar", "pbt", "devices", "rnn", "sac", "brax")
+OPTIONAL = ("envs", "long_runs", "minatar", "pbt", "devices", "rnn", "sac", "td3", "brax")
 FAILED = []  # sections that raised: reported in their place, then the run exits non-zero
 
 
@@ -138,7 +140,8 @@ def main(argv=None):
     command = (f"python benchmarks/run.py{' --quick' if opts.quick else ''}{only}"
                f"{' --peers' if opts.peers else ''}")
     header = [common.machine_header(),
-              f"Produced by `{command}` ({mode}), {time.strftime('%Y-%m-%d')}."]
+              f"Produced by `{command}` ({mode}), {time.strftime('%Y-%m-%d')}, commit "
+              f"{common.code_version()}."]
     for name in OPTIONAL:
         if name in selected:
             text, seconds = run_section(name, opts.quick)
