@@ -14,7 +14,8 @@ step run inside one `jax.jit`:
     python algos/td3.py --num-critics 1 --policy-noise 0 --policy-frequency 1   # DDPG
     python algos/td3.py --env-id brax/inverted_pendulum
 
-Expect: Pendulum-v1's greedy policy at -200 or better (solved) on every seed after 20k steps.
+Expect (benchmarks/results/TD3.md): Pendulum-v1's greedy policy at -200 or better (solved) on
+every seed after 20k steps (16 of 16 held-out seeds, mean -152; DDPG's flags: 16 of 16, -150.5).
 """
 
 # ============================================================================ imports

@@ -23,7 +23,7 @@ ROWS = {"td3.py": ("td3", []), "td3.py as DDPG": ("td3", DDPG), "sac.py": ("sac"
 
 
 def run(quick: bool = False) -> str:
-    rows, commands = [], []
+    load_start, rows, commands = common.load_average(), [], []
     for label, (name, extra) in ROWS.items():
         flags = ["--env-id", "Pendulum-v1", "--seed", str(bench_sac.BASE), "--eval-episodes",
                  str(QUICK_EVAL_EPISODES if quick else EVAL_EPISODES), "--num-seeds",
@@ -40,7 +40,7 @@ def run(quick: bool = False) -> str:
                "evaluation, greedy", "evaluation, sampled", "seeds greedy >= -200"]
     return "\n\n".join([
         "## TD3: td3.py, and as DDPG, beside sac.py on Pendulum-v1",
-        f"Load average (1, 5, 15 min) at the start: {common.load_average()}.",
+        f"Load average (1, 5, 15 min) at the start: {load_start}.",
         "Commands, each in its own process (run as typed by common.run_command):\n\n"
         + "\n".join(f"    {c}" for c in commands),
         "Columns as SAC.md's (a) (bench_sac.row_a): held -200 is the first update from which the "
