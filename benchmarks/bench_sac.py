@@ -67,9 +67,10 @@ def rejax_settings(steps: int) -> dict:
 
 # ----------------------------------------------------------------------------- peers' workers
 def rejax_worker(config: dict) -> dict:
-    """All seeds of rejax SAC in one process (the peers' environment): its train() vmapped over
-    the seeds and pmapped over the cores; then, timed apart, one evaluation of the final policy
-    (its own: the stochastic policy; and the mean action's, for the greedy column),
+    """All seeds of rejax's SAC (config["algo"], default "sac"; "td3": its TD3, bench_td3.py) in
+    one process (the peers' environment): its train() vmapped over the seeds and pmapped over the
+    cores; then, timed apart, one evaluation of the final policy (its own: SAC's stochastic
+    policy, TD3's deterministic one; and, for the greedy column, SAC's mean action, TD3's own),
     config["episodes"] episodes each, and (config["time_sampler"], default on) its replay
     buffer's sampler alone, as often as the run calls it, beside a uniform draw of the same size.
     config["env"] (default Pendulum-v1): a gymnax id, or brax/<name> through rejax's own Brax
@@ -87,7 +88,10 @@ def rejax_worker(config: dict) -> dict:
     from rejax.buffers import ReplayBuffer
     from rejax.evaluate import evaluate
 
-    def greedy_act(algo, ts):  # the squashed mean action (rejax's act samples)
+    def greedy_act(algo, ts):  # SAC's squashed mean action (its act samples); TD3's own act
+        if config.get("algo", "sac") != "sac":
+            return algo.make_act(ts)
+
         def act(obs, rng):
             dist = algo.actor.apply(ts.actor_ts.params, obs[None], method="_action_dist")
             actor = algo.actor
@@ -116,10 +120,11 @@ def rejax_worker(config: dict) -> dict:
     else:
         env, env_params = gymnax.make(env_id)
     settings = config.get("settings") or rejax_settings(config["steps"])
-    settings["hidden_layer_sizes"] = tuple(settings["hidden_layer_sizes"])  # (JSON's list)
-    algo = get_algo("sac").create(env=peers.FiveValueStep(env), env_params=env_params,
-                                  total_timesteps=config["steps"], eval_freq=config["steps"],
-                                  skip_initial_evaluation=True, **settings)
+    if "hidden_layer_sizes" in settings:  # (JSON's list; rejax's TD3 fixes its sizes at 64, 64)
+        settings["hidden_layer_sizes"] = tuple(settings["hidden_layer_sizes"])
+    algo = get_algo(config.get("algo", "sac")).create(
+        env=peers.FiveValueStep(env), env_params=env_params, total_timesteps=config["steps"],
+        eval_freq=config["steps"], skip_initial_evaluation=True, **settings)
     algo = algo.replace(eval_callback=lambda algo, ts, rng: jnp.zeros(()))  # evaluated apart
     devices = jax.local_devices()[:REJAX_DEVICES]
     keys = jax.random.split(jax.random.PRNGKey(config["seed"]), config["seeds"])

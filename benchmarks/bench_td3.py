@@ -1,25 +1,104 @@
 """TD3 (algos/td3.py) on Pendulum-v1 beside sac.py on the same budget, and DDPG by td3.py's flags.
 
-    python benchmarks/run.py --only td3         # writes results/TD3.md (about 7 minutes, 2 cores)
+    python benchmarks/run.py --only td3         # writes results/TD3.md (about 15 minutes, 2 cores)
 
 (a) td3.py as typed, td3.py with DDPG's flags (--num-critics 1 --policy-noise 0
 --policy-frequency 1) and sac.py as typed on Pendulum-v1, 20,000 steps a seed (both files'
 presets), 16 seeds each on the held-out seed base 5000 (as SAC.md's), one process each with an
 empty compilation cache (bench_sac.ours): the columns of SAC.md's (a).
-Not here yet: CleanRL's, sbx's and rejax's TD3 beside it, and the Brax pendulums beside sac.py.
+(b) td3.py beside rejax 0.1.3's TD3 at td3.py's Pendulum-v1 preset, 4 seeds x 20,000 steps: whole
+process times (a warm-up run each, then 3 runs each alternating ours and rejax; medians), each
+process with an empty compilation cache; rejax in the peers' environment (.venv-peers or
+PEERS_PYTHON, benchmarks/requirements-peers.txt) through bench_sac.py's worker, skipped with a line
+where it is not installed.
+Not here yet: CleanRL's and sbx's TD3 beside it, and the Brax pendulums beside sac.py.
 """
 from __future__ import annotations
 
 import sys
 from pathlib import Path
 
+import numpy as np
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_sac  # noqa: E402
 import common  # noqa: E402
+import peers  # noqa: E402
 
 SEEDS, EVAL_EPISODES, QUICK_SEEDS, QUICK_EVAL_EPISODES = 16, 64, 2, 4
 DDPG = ["--num-critics", "1", "--policy-noise", "0", "--policy-frequency", "1"]
 ROWS = {"td3.py": ("td3", []), "td3.py as DDPG": ("td3", DDPG), "sac.py": ("sac", [])}
+STEPS_B, SEEDS_B, REPEATS, QUICK_STEPS = 20_000, 4, 3, 2_000
+# td3.py's Pendulum-v1 preset in rejax 0.1.3's terms: 1 env, a critic step per env step (num_epochs
+# 1), batch 256, 1,000 uniform random steps first, Adam 1e-3 for both networks, gamma 0.99, Polyak
+# 0.995 each time the policy steps (target_update_freq 1: its targets move with the policy), the
+# policy every 2nd critic step, relu (its layers are fixed at 64, 64: ours), a buffer of the whole
+# run. Its noises are in the env's units, ours in half-widths of Pendulum's [-2, 2]: x 2.
+REJAX = dict(num_envs=1, num_epochs=1, batch_size=256, fill_buffer=1_000, learning_rate=1e-3,
+             gamma=0.99, polyak=0.995, target_update_freq=1, policy_delay=2,
+             exploration_noise=0.2, target_noise=0.4, target_noise_clip=1.0,
+             actor_kwargs={"activation": "relu"}, critic_kwargs={"activation": "relu"})
+
+
+def part_b(quick: bool) -> list[str]:
+    seeds, steps = (QUICK_SEEDS, QUICK_STEPS) if quick else (SEEDS_B, STEPS_B)
+    episodes, repeats = (QUICK_EVAL_EPISODES, 1) if quick else (EVAL_EPISODES, REPEATS)
+    flags = ["--seed", str(bench_sac.BASE), "--num-seeds", str(seeds), "--eval-episodes",
+             str(episodes), *(["--total-timesteps", str(steps)] if quick else [])]
+    settings = dict(REJAX, buffer_size=steps, fill_buffer=min(REJAX["fill_buffer"], steps // 2))
+    text = ["### (b) td3.py beside rejax's TD3",
+            f"{seeds} seeds x {steps:,} env steps each. Ours: `python algos/td3.py "
+            f"{' '.join(flags)} --no-track --compile-cache-dir EMPTY_TEMP_DIR`, the seeds over "
+            "the 2 cores. rejax 0.1.3: `rejax.get_algo('td3').create(env=..., **settings)` on "
+            "gymnax's Pendulum-v1 (seen through the 5-value step rejax 0.1 expects), "
+            "`algo.train` vmapped over the seeds and pmapped over the 2 cores, one process: "
+            + ", ".join(f"{k}={v}" for k, v in settings.items())
+            + f"; one evaluation of {episodes} episodes after training, timed apart. Whole "
+            f"process: launch to exit, median of {repeats} runs each after a warm-up run each, "
+            "alternating, each with an empty compilation cache."]
+    python = peers.peers_python()
+    have_rejax = python is not None and peers.installed(python, "rejax")
+    if not have_rejax:
+        text.append("- skipped rejax: `rejax` is not installed in the peers environment "
+                    "(.venv-peers or PEERS_PYTHON; see benchmarks/requirements-peers.txt).")
+    config = {"peer": "rejax", "algo": "td3", "settings": settings, "steps": steps,
+              "seeds": seeds, "seed": bench_sac.BASE, "episodes": episodes,
+              "time_sampler": False}
+    runs = {"td3.py": [], "rejax": []}
+    for i in range(repeats + 1):  # the first of each: the warm-up, not counted
+        runs["td3.py"].append(bench_sac.ours("td3", flags))
+        if have_rejax:
+            runs["rejax"].append(common.run_worker(Path(bench_sac.__file__), config,
+                                                   env=peers.PEER_ENV, python=python,
+                                                   as_user=True))
+        print(f"  td3 (b) round {i}: done", flush=True)
+    rows = []
+    for label, done in runs.items():
+        if not done:
+            continue
+        timed, last = done[1:], done[-1]
+        median = lambda key: np.median([r[key] for r in timed])  # noqa: E731
+        wall = ", ".join(f"{r['process_s']:.1f}" for r in timed)
+        greedy = last["evals"]["greedy"][0] if label == "td3.py" else last["greedy"]
+        rows.append([label, f"{median('process_s'):.1f} ({wall}; warm-up "
+                     f"{done[0]['process_s']:.1f})",
+                     f"{median('compile_s'):.1f} + {median('run_s'):.1f}",
+                     common.with_ci(greedy, spec=".1f"),
+                     f"{int((np.asarray(greedy) >= bench_sac.THRESHOLD).sum())}/{len(greedy)}"])
+    return text + [common.md_table(
+        ["implementation", "whole process s, median (runs; warm-up)",
+         "training: compile + run s (median)", "evaluation, greedy", "seeds greedy >= -200"],
+        rows),
+        "Greedy: the policy's action (rejax's own act, which adds no noise); of the last timed "
+        "run of each, mean over the seeds [95% bootstrap CI]. Ours evaluates inside its process "
+        "after training (its run s is training alone); rejax's evaluation is compiled and run "
+        "after training, in its whole process time. Settings that do not match: rejax's first "
+        "1,000 steps act uniformly as ours, but its critic target stops at every episode end "
+        "(one `done`: Pendulum-v1's 200-step limit taken as terminal), ours bootstraps through "
+        "the limit; its policy ascends the mean of both critics, ours the first (TD3's); its "
+        "replay buffer draws each batch without replacement, weighted over every slot "
+        "(SAC.md (b) times that sampler), ours uniform indices into the filled slots; its "
+        "critic loss is half the squared error."]
 
 
 def run(quick: bool = False) -> str:
@@ -39,7 +118,7 @@ def run(quick: bool = False) -> str:
                "final training return, mean [95% CI]", "worst seed",
                "evaluation, greedy", "evaluation, sampled", "seeds greedy >= -200"]
     return "\n\n".join([
-        "## TD3: td3.py, and as DDPG, beside sac.py on Pendulum-v1",
+        "## TD3: td3.py, and as DDPG, beside sac.py and rejax's TD3 on Pendulum-v1",
         f"Load average (1, 5, 15 min) at the start: {load_start}.",
         "Commands, each in its own process (run as typed by common.run_command):\n\n"
         + "\n".join(f"    {c}" for c in commands),
@@ -49,4 +128,6 @@ def run(quick: bool = False) -> str:
         "the last 5% of updates, mean over the seeds [95% bootstrap CI]; evaluation: "
         f"{QUICK_EVAL_EPISODES if quick else EVAL_EPISODES} fresh episodes per seed, by the "
         "policy's action (greedy) and with the file's exploration (sampled).",
-        common.md_table(headers, rows), f"Load average at the end: {common.load_average()}."])
+        "### (a) td3.py, and as DDPG, beside sac.py",
+        common.md_table(headers, rows), *part_b(quick),
+        f"Load average at the end: {common.load_average()}."])
