@@ -11,11 +11,29 @@ process times (a warm-up run each, then 3 runs each alternating ours and rejax; 
 process with an empty compilation cache; rejax in the peers' environment (.venv-peers or
 PEERS_PYTHON, benchmarks/requirements-peers.txt) through bench_sac.py's worker, skipped with a line
 where it is not installed.
-Not here yet: CleanRL's and sbx's TD3 beside it, and the Brax pendulums beside sac.py.
+(c) td3.py beside CleanRL's td3_continuous_action_jax.py at CleanRL's network (2 x 256 relu),
+batch (256) and update ratio (a critic step per env step), our Pendulum-v1 budget: CleanRL a
+seed a process as its authors run it (two at a time, a core each), in its own environment:
+CLEANRL_PYTHON (default .venv-cleanrl/bin/python) with CleanRL's pins where they install (Python
+3.11; jax and jaxlib 0.4.13, the oldest on PyPI for 3.11, not its 0.4.8 and 0.4.7; flax 0.6.8,
+optax 0.1.4, gymnasium 0.29.1, scipy < 1.13 for that jax, numpy < 2, tyro, tensorboard, torch
+2.13 for its replay buffer and SummaryWriter):
+    python3.11 -m venv .venv-cleanrl && .venv-cleanrl/bin/pip install torch==2.13.0 jax==0.4.13 \
+        jaxlib==0.4.13 flax==0.6.8 optax==0.1.4 gymnasium==0.29.1 "scipy<1.13" "numpy<2" tyro \
+        tensorboard
+the script from a CleanRL checkout at CLEANRL_DIR (default .cleanrl/: `git clone
+https://github.com/vwxyzjn/cleanrl .cleanrl`); skipped with a line where either is missing.
+Not here yet: sbx's TD3, and the Brax pendulums beside sac.py.
 """
 from __future__ import annotations
 
+import os
+import re
+import subprocess
 import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -101,6 +119,76 @@ def part_b(quick: bool) -> list[str]:
         "critic loss is half the squared error."]
 
 
+# CleanRL's flags for our Pendulum-v1 preset: its smoothing noise and clip are in the env's units
+# (its exploration noise in half-widths, as ours): ours x 2 on Pendulum's [-2, 2]. Its others at
+# its defaults, ours: tau 0.005, batch 256, exploration 0.1, the policy every 2nd step.
+CLEANRL_FLAGS = ["--env-id", "Pendulum-v1", "--learning-rate", "1e-3", "--learning-starts", "1000",
+                 "--policy-noise", "0.4", "--noise-clip", "1.0"]
+RETURN = re.compile(r"global_step=(\d+), episodic_return=\[?(-?[\d.]+)")
+
+
+def cleanrl_seed(python: str, script: Path, seed: int, steps: int) -> dict:
+    """One seed of CleanRL's TD3 in its own process: its whole-process seconds and its final
+    training return (the mean episode return over the last 5% of its steps, as ours)."""
+    with tempfile.TemporaryDirectory() as folder:  # (its runs/ and videos/ land there)
+        t0 = time.perf_counter()
+        proc = subprocess.run(
+            [python, str(script), *CLEANRL_FLAGS, "--seed", str(seed), "--total-timesteps",
+             str(steps)], cwd=folder, capture_output=True, text=True, timeout=3600,
+            env={**common.user_env(), "PYTHONPATH": str(script.parents[1]),
+                 "JAX_PLATFORMS": "cpu"})
+        seconds = time.perf_counter() - t0
+    if proc.returncode != 0:
+        raise RuntimeError(f"CleanRL's TD3 failed (exit {proc.returncode}): {proc.stderr[-2000:]}")
+    episodes = [(int(step), float(r)) for step, r in RETURN.findall(proc.stdout)]
+    last = [r for step, r in episodes if step >= steps * 0.95] or [episodes[-1][1]]
+    return {"process_s": seconds, "final": float(np.mean(last))}
+
+
+def part_c(quick: bool) -> list[str]:
+    seeds, steps = (QUICK_SEEDS, QUICK_STEPS) if quick else (SEEDS_B, STEPS_B)
+    python = os.environ.get("CLEANRL_PYTHON", str(common.ROOT / ".venv-cleanrl/bin/python"))
+    checkout = Path(os.environ.get("CLEANRL_DIR", common.ROOT / ".cleanrl"))
+    script = checkout / "cleanrl" / "td3_continuous_action_jax.py"
+    flags = ["--hidden-size", "256", "--seed", str(bench_sac.BASE), "--num-seeds", str(seeds),
+             "--eval-episodes", str(QUICK_EVAL_EPISODES if quick else EVAL_EPISODES),
+             *(["--total-timesteps", str(steps)] if quick else [])]
+    text = ["### (c) td3.py beside CleanRL's TD3",
+            f"{seeds} seeds x {steps:,} env steps each, at CleanRL's network (2 x 256 relu), "
+            "batch 256 and a critic step per env step, lr 1e-3 and 1,000 random steps first "
+            f"(our preset's). Ours: `python algos/td3.py {' '.join(flags)} --no-track "
+            "--compile-cache-dir EMPTY_TEMP_DIR`, one process. CleanRL: `python "
+            f"cleanrl/td3_continuous_action_jax.py {' '.join(CLEANRL_FLAGS)} --seed S "
+            f"--total-timesteps {steps}` for S = {bench_sac.BASE} to "
+            f"{bench_sac.BASE + seeds - 1}, a process a seed, two at a time (a core each)."]
+    if not (Path(python).exists() and script.exists()):
+        return text + [f"- skipped CleanRL: {python} or {script} is missing (CLEANRL_PYTHON, "
+                       "CLEANRL_DIR; see this file's docstring)."]
+    ours_run = bench_sac.ours("td3", flags)
+    t0 = time.perf_counter()
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        theirs = list(pool.map(lambda s: cleanrl_seed(python, script, s, steps),
+                               range(bench_sac.BASE, bench_sac.BASE + seeds)))
+    wall = time.perf_counter() - t0
+    per_seed = [r["process_s"] for r in theirs]
+    rows = [["td3.py", f"{ours_run['process_s']:.1f}",
+             f"{ours_run['process_s'] / seeds:.1f}",
+             common.with_ci(ours_run["final"][0], spec=".1f")],
+            ["CleanRL", f"{wall:.1f}", f"{np.median(per_seed):.1f} (a process each: "
+             + ", ".join(f"{x:.0f}" for x in per_seed) + ")",
+             common.with_ci([r["final"] for r in theirs], spec=".1f")]]
+    return text + [common.md_table(
+        ["implementation", f"all {seeds} seeds, s (launch to exit)", "s a seed",
+         "final training return, mean [95% CI]"], rows),
+        "Final training return: the mean episode return over the last 5% of the steps, mean "
+        "over the seeds [95% bootstrap CI] (CleanRL's from the returns it prints). CleanRL "
+        "steps gymnasium's numpy Pendulum-v1 and calls its jitted updates from a Python loop, "
+        "a step at a time; ours runs the whole run as one program. Settings that do not match: "
+        "CleanRL's first gradient step is at step 1,001 (ours 1,000); its buffer holds 1M "
+        "transitions (ours the run's 20,000: the same data); its seeds are not ours (other "
+        "streams)."]
+
+
 def run(quick: bool = False) -> str:
     load_start, rows, commands = common.load_average(), [], []
     for label, (name, extra) in ROWS.items():
@@ -129,5 +217,5 @@ def run(quick: bool = False) -> str:
         f"{QUICK_EVAL_EPISODES if quick else EVAL_EPISODES} fresh episodes per seed, by the "
         "policy's action (greedy) and with the file's exploration (sampled).",
         "### (a) td3.py, and as DDPG, beside sac.py",
-        common.md_table(headers, rows), *part_b(quick),
+        common.md_table(headers, rows), *part_b(quick), *part_c(quick),
         f"Load average at the end: {common.load_average()}."])
