@@ -191,14 +191,15 @@ def worker(config: dict) -> dict:
 
 
 # ----------------------------------------------------------------------------- running them
-def ours(name: str, flags: list[str]) -> dict:
+def ours(name: str, flags: list[str], threshold: float = THRESHOLD) -> dict:
     """`python algos/<name>.py FLAGS --no-track` in its own process, an empty compilation
-    cache."""
+    cache; each seed's time to `threshold` (common.run_command)."""
     with tempfile.TemporaryDirectory() as cache:
-        return common.run_command(name, flags, THRESHOLD, cache)
+        return common.run_command(name, flags, threshold, cache)
 
 
-def row_a(name: str, r: dict) -> list:
+def row_a(name: str, r: dict, threshold: float = THRESHOLD) -> list:
+    """A row of (a)'s table (and of TD3.md's and DQN.md's) from ours' result."""
     final = np.asarray(r["final"][0], np.float64)
     greedy = np.asarray(r["evals"]["greedy"][0], np.float64)
     sampled = np.asarray(r["evals"]["sampled"][0], np.float64)
@@ -211,7 +212,42 @@ def row_a(name: str, r: dict) -> list:
             f"{r['process_s']:.0f} ({r['compile_s']:.0f} + {r['run_s']:.0f})",
             common.with_ci(final, spec=".1f"), f"{final.min():.1f}",
             common.with_ci(greedy, spec=".1f"), common.with_ci(sampled, spec=".1f"),
-            f"{int((greedy >= THRESHOLD).sum())}/{len(greedy)}"]
+            f"{int((greedy >= threshold).sum())}/{len(greedy)}"]
+
+
+def beside_rejax(name: str, flags: list[str], config: dict, repeats: int,
+                 threshold: float = THRESHOLD) -> tuple[list[str], list[list]]:
+    """`python algos/<name>.py FLAGS` and rejax's worker on `config` (TD3.md (b), DQN.md (b)),
+    alternating, each with an empty compilation cache: a warm-up run each, then `repeats` runs
+    each. -> (a line saying rejax was skipped, if it is not installed; the table's rows: name,
+    whole process s (median; runs; warm-up), training compile + run s (medians), the greedy
+    evaluation of the last run [95% CI], its seeds at the threshold)."""
+    python = peers.peers_python()
+    skipped = []
+    if python is None or not peers.installed(python, "rejax"):
+        skipped.append("- skipped rejax: `rejax` is not installed in the peers environment "
+                       "(.venv-peers or PEERS_PYTHON; see benchmarks/requirements-peers.txt).")
+    runs = {f"{name}.py": [], "rejax": []}
+    for i in range(repeats + 1):  # the first of each: the warm-up, not counted
+        runs[f"{name}.py"].append(ours(name, flags, threshold))
+        if not skipped:
+            runs["rejax"].append(common.run_worker(Path(__file__), config, env=peers.PEER_ENV,
+                                                   python=python, as_user=True))
+        print(f"  {name} beside rejax, round {i}: done", flush=True)
+    rows = []
+    for label, done in runs.items():
+        if not done:
+            continue
+        timed, last = done[1:], done[-1]
+        median = lambda key: np.median([r[key] for r in timed])  # noqa: E731
+        wall = ", ".join(f"{r['process_s']:.1f}" for r in timed)
+        greedy = last["greedy"] if label == "rejax" else last["evals"]["greedy"][0]
+        rows.append([label, f"{median('process_s'):.1f} ({wall}; warm-up "
+                     f"{done[0]['process_s']:.1f})",
+                     f"{median('compile_s'):.1f} + {median('run_s'):.1f}",
+                     common.with_ci(greedy, spec=".1f"),
+                     f"{int((np.asarray(greedy) >= threshold).sum())}/{len(greedy)}"])
+    return skipped, rows
 
 
 def part_a(quick: bool) -> list[str]:

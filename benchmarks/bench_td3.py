@@ -41,7 +41,6 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_sac  # noqa: E402
 import common  # noqa: E402
-import peers  # noqa: E402
 
 SEEDS, EVAL_EPISODES, QUICK_SEEDS, QUICK_EVAL_EPISODES = 16, 64, 2, 4
 DDPG = ["--num-critics", "1", "--policy-noise", "0", "--policy-frequency", "1"]
@@ -74,36 +73,11 @@ def part_b(quick: bool) -> list[str]:
             + f"; one evaluation of {episodes} episodes after training, timed apart. Whole "
             f"process: launch to exit, median of {repeats} runs each after a warm-up run each, "
             "alternating, each with an empty compilation cache."]
-    python = peers.peers_python()
-    have_rejax = python is not None and peers.installed(python, "rejax")
-    if not have_rejax:
-        text.append("- skipped rejax: `rejax` is not installed in the peers environment "
-                    "(.venv-peers or PEERS_PYTHON; see benchmarks/requirements-peers.txt).")
     config = {"peer": "rejax", "algo": "td3", "settings": settings, "steps": steps,
               "seeds": seeds, "seed": bench_sac.BASE, "episodes": episodes,
               "time_sampler": False}
-    runs = {"td3.py": [], "rejax": []}
-    for i in range(repeats + 1):  # the first of each: the warm-up, not counted
-        runs["td3.py"].append(bench_sac.ours("td3", flags))
-        if have_rejax:
-            runs["rejax"].append(common.run_worker(Path(bench_sac.__file__), config,
-                                                   env=peers.PEER_ENV, python=python,
-                                                   as_user=True))
-        print(f"  td3 (b) round {i}: done", flush=True)
-    rows = []
-    for label, done in runs.items():
-        if not done:
-            continue
-        timed, last = done[1:], done[-1]
-        median = lambda key: np.median([r[key] for r in timed])  # noqa: E731
-        wall = ", ".join(f"{r['process_s']:.1f}" for r in timed)
-        greedy = last["evals"]["greedy"][0] if label == "td3.py" else last["greedy"]
-        rows.append([label, f"{median('process_s'):.1f} ({wall}; warm-up "
-                     f"{done[0]['process_s']:.1f})",
-                     f"{median('compile_s'):.1f} + {median('run_s'):.1f}",
-                     common.with_ci(greedy, spec=".1f"),
-                     f"{int((np.asarray(greedy) >= bench_sac.THRESHOLD).sum())}/{len(greedy)}"])
-    return text + [common.md_table(
+    skipped, rows = bench_sac.beside_rejax("td3", flags, config, repeats)
+    return text + skipped + [common.md_table(
         ["implementation", "whole process s, median (runs; warm-up)",
          "training: compile + run s (median)", "evaluation, greedy", "seeds greedy >= -200"],
         rows),

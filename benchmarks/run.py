@@ -15,7 +15,9 @@ them, each row naming its file), with one command.
     python benchmarks/run.py --only devices    # one seed over 1 and 2 devices, 2 processes
     python benchmarks/run.py --only rnn        # ppo_rnn.py beside ppo.py on memory tasks
     python benchmarks/run.py --only sac        # sac.py beside ppo.py, rejax and sbx (~38 min)
-    python benchmarks/run.py --only td3        # td3.py, and as DDPG, beside sac.py (~7 min)
+    python benchmarks/run.py --only td3        # td3.py, and as DDPG, beside sac.py, rejax and
+                                               # CleanRL (~15 min)
+    python benchmarks/run.py --only dqn        # dqn.py on held-out seeds, beside rejax (~20 min)
     python benchmarks/run.py --only brax       # the CPU-sized Brax presets on held-out seeds,
                                                # ppo.py beside PureJaxRL on hopper (hours:
                                                # hopper and walker2d are 8 x 5M steps each)
@@ -92,13 +94,14 @@ SECTIONS = {  # selector -> module (in the order of RESULTS.md)
     "rnn": "bench_rnn",
     "sac": "bench_sac",
     "td3": "bench_td3",
+    "dqn": "bench_dqn",
     "brax": "bench_brax",
     "peers": "peers",  # with --peers, after the others (its own requirements)
 }
 ALL = ("commands", "robustness", "q_learning", "is_eval")  # the default run
 QUICK_COST = {"commands": 2, "robustness": 3, "q_learning": 1, "is_eval": 4}  # relative, --quick
 # run only when --only names them: <NAME>.md
-OPTIONAL = ("envs", "long_runs", "minatar", "pbt", "devices", "rnn", "sac", "td3", "brax")
+OPTIONAL = ("envs", "long_runs", "minatar", "pbt", "devices", "rnn", "sac", "td3", "dqn", "brax")
 FAILED = []  # sections that raised: reported in their place, then the run exits non-zero
 
 
