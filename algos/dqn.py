@@ -13,8 +13,8 @@ carry it. The environment (gymnax), the buffer and every gradient step run insid
     python algos/dqn.py --no-double              # DQN's own target: the target network's max
     python algos/dqn.py --env-id Breakout-MinAtar    # MinAtar's CNN
 
-Expect: CartPole-v1's greedy policy at 475 or more on every seed in 500k steps (tests/test_dqn.py's
-learning row, sized on seed bases 1, 100 and 200).
+Expect (benchmarks/results/DQN.md): CartPole-v1's greedy policy at 475 or more on most seeds in
+500k steps, not on all: every seed of the default base, 6 of 8 held-out seeds (mean 422.5).
 """
 
 # ============================================================================ imports
