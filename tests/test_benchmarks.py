@@ -296,7 +296,7 @@ def test_a_failing_section_is_reported_and_fails_the_run(tmp_path, monkeypatch):
 
 
 def test_unknown_section_is_a_usage_error(tmp_path):
-    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "run.py"), "--only", "dqn",
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "run.py"), "--only", "nosuch",
                            "--out", str(tmp_path)], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and "--only" in proc.stderr
 
