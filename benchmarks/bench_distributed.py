@@ -2,6 +2,7 @@
 2 processes x 1 device (127.0.0.1, gloo collectives), whole-process wall time as a user types it.
 
     python benchmarks/bench_distributed.py [--repeats 3] [--only ppo,q_learning] [--quick]
+                                # every sweep, not --quick: writes results/distributed.md
 
 Both layouts put the same runs on each device, so they compute the same numbers; the difference is
 the price of the distributed path (two interpreters, joining, gathering the results to process 0).
@@ -53,7 +54,7 @@ def run(repeats: int, quick: bool, names=tuple(SWEEPS)) -> str:
     headers = ["sweep", "1 process x 2 devices s", "2 processes x 1 device s", "overhead",
                "every run (1 process, then 2)"]
     return (f"### --distributed on one machine: weak scaling (medians of {repeats}, warm cache)"
-            f"\n\n{common.machine_header()}\n\n" + common.md_table(headers, rows))
+            "\n\n" + common.md_table(headers, rows))
 
 
 if __name__ == "__main__":
@@ -66,6 +67,13 @@ if __name__ == "__main__":
     names = [name for name in opts.only.split(",") if name]
     if set(names) - set(SWEEPS):
         parser.error(f"--only: choose from {', '.join(SWEEPS)}")
-    print(f"load average at the start: {common.load_average()}", flush=True)
-    print(run(opts.repeats, opts.quick, names))
-    print(f"load average at the end: {common.load_average()}")
+    command = "python benchmarks/bench_distributed.py" + "".join(
+        f" {a}" for a in sys.argv[1:])
+    load_start = common.load_average()
+    table = run(opts.repeats, opts.quick, names)
+    report = "\n\n".join([*common.produced_by(command, "quick" if opts.quick else "full"),
+                           f"Load average (1, 5, 15 min) at the start: {load_start}; at the "
+                           f"end: {common.load_average()}.", table])
+    if not opts.quick and set(names) == set(SWEEPS):  # (a part of it prints, writes nothing)
+        (common.RESULTS / "distributed.md").write_text(report + "\n")
+    print(report)

@@ -1,6 +1,6 @@
 """A hyperparameter sweep as one command vs the same configurations as separate commands.
 
-    python benchmarks/bench_sweep.py [--quick]
+    python benchmarks/bench_sweep.py [--quick]    # writes results/sweep.md (--quick: prints it)
 
 `python algos/ppo.py --learning-rate a b c --ent-coef x y --clip-coef u v --num-seeds 8` trains
 the 12 configurations x 8 seeds in one compiled program. The alternative is one command per
@@ -38,6 +38,7 @@ def whole_process(flags: list[str], cache: str) -> float:
 
 
 def run(quick: bool) -> str:
+    load_start = common.load_average()
     grid = {k: v[:2] for k, v in list(GRID.items())[:1]} if quick else GRID
     base = ["--num-seeds", str(SEEDS)] + (["--total-timesteps", "20480"] if quick else [])
     sweep_flags = base + [x for flag, values in grid.items() for x in (flag, *values)]
@@ -56,11 +57,18 @@ def run(quick: bool) -> str:
                      f"{separate_s / sweep_s:.1f}x"])
     headers = ["compilation cache", "configurations", "seeds each", "one sweep command s",
                f"{len(configs)} separate commands s", "separate / sweep"]
-    return (f"### One sweep command vs one command per configuration (PPO, CartPole-v1)\n\n"
-            f"{common.machine_header()}\n\nWhole-process wall time, from interpreter start. "
-            f"Grid: {', '.join(f'{k} {' '.join(v)}' for k, v in grid.items())}.\n\n"
-            + common.md_table(headers, rows))
+    return "\n\n".join([
+        "### One sweep command vs one command per configuration (PPO, CartPole-v1)",
+        f"Load average (1, 5, 15 min) at the start: {load_start}.",
+        "Whole-process wall time, from interpreter start. Grid: "
+        f"{', '.join(f'{k} {' '.join(v)}' for k, v in grid.items())}.",
+        common.md_table(headers, rows), f"Load average at the end: {common.load_average()}."])
 
 
 if __name__ == "__main__":
-    print(run("--quick" in sys.argv))
+    quick = "--quick" in sys.argv
+    command = "python benchmarks/bench_sweep.py" + (" --quick" if quick else "")
+    report = "\n\n".join([*common.produced_by(command, "quick" if quick else "full"), run(quick)])
+    if not quick:
+        (common.RESULTS / "sweep.md").write_text(report + "\n")
+    print(report)

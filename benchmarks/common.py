@@ -76,6 +76,13 @@ def code_version() -> str:
     return commit + (" + uncommitted changes" if changed else "")
 
 
+def produced_by(command: str, mode: str = "full") -> list[str]:
+    """A results file's first lines: the machine, and the command, mode, date and commit."""
+    return [machine_header(),
+            f"Produced by `{command}` ({mode}), {time.strftime('%Y-%m-%d')}, commit "
+            f"{code_version()}."]
+
+
 def load_average() -> str:
     """The 1, 5 and 15 minute load averages: a number above ~0.3 means something else ran."""
     return " ".join(f"{x:.2f}" for x in os.getloadavg())

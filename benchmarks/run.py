@@ -142,9 +142,7 @@ def main(argv=None):
     only = "" if opts.only == ",".join(ALL) else f" --only {opts.only}"
     command = (f"python benchmarks/run.py{' --quick' if opts.quick else ''}{only}"
                f"{' --peers' if opts.peers else ''}")
-    header = [common.machine_header(),
-              f"Produced by `{command}` ({mode}), {time.strftime('%Y-%m-%d')}, commit "
-              f"{common.code_version()}."]
+    header = common.produced_by(command, mode)
     for name in OPTIONAL:
         if name in selected:
             text, seconds = run_section(name, opts.quick)
