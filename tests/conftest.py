@@ -36,8 +36,9 @@ os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 
 ROOT = Path(__file__).resolve().parents[1]
 ALGOS = ROOT / "algos"
-# A checkpoint and a model that ppo.py wrote when it carried its own copy of the runner (e6f17f4)
-FIXTURES = ROOT / "tests" / "fixtures"
+# The commit whose ppo.py still carried its own copy of the runner: the checkpoint and the model it
+# writes must resume and load on today's (pre_runner_checkpoint, pre_runner_model below).
+PRE_RUNNER = "e6f17f4"
 if str(ALGOS) not in sys.path:
     sys.path.insert(0, str(ALGOS))
 
@@ -257,3 +258,51 @@ def assert_truncation_bootstraps_from_final_observation(calls):
         # place of the final one (checked on a copy of each file), rounding at most: 1e-7.
         gap = np.abs(follows[cut] - reset_value[cut])
         assert np.all(gap > 1e-6) and np.median(gap) > 1e-2, gap
+
+
+def pre_runner_ppo(folder: Path) -> Path:
+    """ppo.py as it was at PRE_RUNNER, from this clone's history, written into `folder` (as
+    ppo.py: its stem names its runs)."""
+    shown = subprocess.run(["git", "-C", str(ROOT), "show", f"{PRE_RUNNER}:algos/ppo.py"],
+                           capture_output=True, text=True)
+    if shown.returncode != 0:
+        pytest.fail(f"commit {PRE_RUNNER} (the files before algos/runner/) is not in this "
+                    f"clone's history: {shown.stderr.strip()}")
+    path = folder / "ppo.py"
+    path.write_text(shown.stdout)
+    return path
+
+
+@pytest.fixture(scope="session")
+def pre_runner_checkpoint(tmp_path_factory):
+    """The run directory of the pre-runner ppo.py (2 seeds x 64 updates of 8 envs x 64 steps,
+    CartPole-v1, hidden 16, a segment an update) sent SIGTERM at its first progress line: it
+    stops after the segment then running, its checkpoint holding some of the 64 updates."""
+    import signal
+
+    folder = tmp_path_factory.mktemp("pre_runner_checkpoint")
+    proc = subprocess.Popen(
+        [sys.executable, str(pre_runner_ppo(folder)), "--num-seeds", "2", "--total-timesteps",
+         "32768", "--num-envs", "8", "--num-steps", "64", "--hidden-size", "16",
+         "--num-segments", "64", "--devices-per-run", "1", "--no-track", "--eval-episodes", "4",
+         "--log-dir", str(folder / "runs")],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    for line in proc.stdout:
+        if "] steps" in line:  # the first segment's line: stop after the one running now
+            proc.send_signal(signal.SIGTERM)
+            break
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 143, err[-2000:]
+    (run_dir,) = (folder / "runs").iterdir()
+    return run_dir
+
+
+@pytest.fixture(scope="session")
+def pre_runner_model(tmp_path_factory):
+    """model.msgpack of the pre-runner ppo.py's CartPole-v1 preset, 2 seeds, 300k steps."""
+    folder = tmp_path_factory.mktemp("pre_runner_model")
+    proc = run_script(pre_runner_ppo(folder), "--num-seeds", 2, "--save-model", "--no-track",
+                      "--eval-episodes", 0, "--log-dir", folder / "runs")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    (run_dir,) = (folder / "runs").iterdir()
+    return run_dir / "model.msgpack"

@@ -11,7 +11,7 @@ import pytest
 
 import ppo
 import q_learning as ql
-from conftest import FIXTURES, assert_usage_error, read_scalars, run_main, validated
+from conftest import assert_usage_error, read_scalars, run_main, validated
 from runner import cli, evaluation, files, flags, sweep
 
 TINY = dict(num_envs=8, num_steps=64, num_minibatches=4, total_timesteps=8 * 64 * 6,
@@ -155,12 +155,11 @@ def test_q_learning_has_no_policy_to_play_but_plays_its_pictures(tmp_path, capsy
     assert f"saved {run_dir / 'q_values.png'}" in out and "eval/" not in out
 
 
-def test_a_model_written_before_the_runner_moved_plays(capsys):
-    """tests/fixtures/ppo_model.msgpack: the model ppo.py saved of its CartPole-v1 preset (2 seeds,
-    300k steps, greedy evaluation 500 on both) when the runner was a copy in every file
-    (e6f17f4): it loads and plays its greedy episodes to the end again."""
-    model = FIXTURES / "ppo_model.msgpack"
-    out = run_main(ppo, ["--load-model", model, "--eval-episodes", 16], capsys)
+def test_a_model_written_before_the_runner_moved_plays(pre_runner_model, capsys):
+    """The model ppo.py saves of its CartPole-v1 preset (2 seeds, 300k steps) as it was when the
+    runner was a copy in every file (conftest.PRE_RUNNER): it loads and plays its greedy episodes
+    to the end."""
+    out = run_main(ppo, ["--load-model", pre_runner_model, "--eval-episodes", 16], capsys)
     (line,) = [x for x in out.splitlines() if x.startswith("eval/episodic_return_greedy per seed")]
     assert line.startswith("eval/episodic_return_greedy per seed (16 episodes): ")
     greedy = [float(x) for x in line.split(": ")[1].split()]

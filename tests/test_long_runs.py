@@ -25,7 +25,6 @@ import q_learning as ql
 import vpg
 from conftest import (
     ALGOS,
-    FIXTURES,
     assert_usage_error,
     read_scalars,
     run_main,
@@ -381,19 +380,22 @@ def test_resume_keeps_the_layout_of_the_run(tmp_path):
     assert proc.stderr.strip() == "error: --devices-per-run 2 > 1 devices", proc.stderr
 
 
-def test_a_checkpoint_written_before_the_runner_moved_resumes(tmp_path, capsys):
-    """tests/fixtures/ppo_run: the checkpoint ppo.py wrote after segment 1 of 4 (2 seeds, 16
-    updates) when the runner was a copy in every file (e6f17f4): it resumes to the end, the
-    updates it holds kept as they were."""
+def test_a_checkpoint_written_before_the_runner_moved_resumes(pre_runner_checkpoint, tmp_path,
+                                                              capsys):
+    """The checkpoint ppo.py writes when stopped mid-run (2 seeds, 64 updates, a segment each) as
+    it was when the runner was a copy in every file (conftest.PRE_RUNNER): it resumes to the
+    end, a progress line a remaining segment, the updates it holds kept as they were."""
     run_dir = tmp_path / "run"
-    shutil.copytree(FIXTURES / "ppo_run", run_dir)
+    shutil.copytree(pre_runner_checkpoint, run_dir)
     read = lambda: flax.serialization.msgpack_restore(
         (run_dir / "checkpoint.msgpack").read_bytes()[32:])
     before = read()
-    assert before["metrics"]["env_steps"].shape == (2, 4) and before["num_updates"] == 16
+    done = before["metrics"]["env_steps"].shape[1]
+    assert before["num_updates"] == 64 and 0 < done < 64
     out = run_main(ppo, ["--resume", run_dir, "--eval-episodes", 0], capsys)
-    assert "ppo on CartPole-v1: 2 seeds x 8,192 steps" in out and out.count("[ppo] steps") == 3
+    assert "ppo on CartPole-v1: 2 seeds x 32,768 steps" in out
+    assert out.count("[ppo] steps") == 64 - done
     after = read()["metrics"]
-    assert after["env_steps"].shape == (2, 16)
+    assert after["env_steps"].shape == (2, 64)
     for key, values in before["metrics"].items():
-        np.testing.assert_array_equal(after[key][:, :4], values, err_msg=key)
+        np.testing.assert_array_equal(after[key][:, :done], values, err_msg=key)
