@@ -170,10 +170,11 @@ def test_a_signal_in_the_last_segment_lets_the_run_finish(tmp_path, reference):
 
 
 def test_a_second_signal_stops_at_once(tmp_path):
-    """Ctrl-C, then Ctrl-C again while the segment runs (segments of a few seconds here): the
-    default handler is back, the process dies of the signal at once, with no checkpoint after the
-    first segment's and no line saying how to continue."""
-    longer = ["--num-agents", 64, "--num-steps", 1000, "--total-timesteps", 1000 * 2000,
+    """Ctrl-C, then Ctrl-C again 0.5 s later while the segment runs (segments of ~2 s here: at
+    200k steps a segment, one could end before the second signal): the default handler is back,
+    the process dies of the signal at once, with no checkpoint after the first segment's and no
+    line saying how to continue."""
+    longer = ["--num-agents", 64, "--num-steps", 1000, "--total-timesteps", 1000 * 10000,
               "--num-seeds", 2, "--num-segments", 10, "--log-dir", tmp_path]
     proc = subprocess.Popen([sys.executable, str(ALGOS / "q_learning.py"), *map(str, longer)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
