@@ -152,10 +152,7 @@ def plot_curves(results: dict, name: str) -> Path | None:
     fig, axes = common.new_figure(5 * len(results), 4, len(results))
     for ax, (game, r) in zip(axes, results.items()):
         curves = np.array(r["curves"][0], dtype=np.float64)
-        mean, lo, hi = common.bootstrap_band(curves)
-        steps = np.asarray(r["curve_steps"])
-        ax.plot(steps, mean, label=f"ppo.py preset ({len(curves)} seeds)")
-        ax.fill_between(steps, lo, hi, alpha=0.25)
+        common.plot_band(ax, r["curve_steps"], curves, f"ppo.py preset ({len(curves)} seeds)")
         if game in PUBLISHED:
             ax.axhline(PUBLISHED[game], color="gray", ls="--", lw=1, label=f"published PPO "
                        f"{PUBLISHED[game]} (at {PUBLISHED_STEPS / 1e6:.0f}M steps)")

@@ -132,6 +132,18 @@ def bootstrap_band(curves, n_boot: int = 1000, level: float = 0.95, seed: int = 
 
 
 # ----------------------------------------------------------------------------- figures
+def plot_band(ax, steps, curves, label: str) -> None:
+    """The mean curve over seeds with its 95% bootstrap band, drawn through the finite bins only:
+    a bin in which no seed finished an episode is NaN, and a line stops at every NaN (Freeway's
+    2,500-step episodes end together, so most of its bins are NaN and no two finite ones meet)."""
+    mean, lo, hi = bootstrap_band(curves)
+    finite = np.isfinite(mean)
+    steps = np.asarray(steps)[finite]
+    ax.plot(steps, mean[finite], marker="." if finite.sum() < len(finite) // 2 else None,
+            label=label)
+    ax.fill_between(steps, lo[finite], hi[finite], alpha=0.25)
+
+
 def new_figure(width: float, height: float, panels: int = 1):
     """A matplotlib Figure (no pyplot: no GUI backend, no global figure to close) and its row of
     `panels` axes."""

@@ -84,11 +84,8 @@ def plot_curves(results: dict) -> Path | None:
         for name in names:
             r = results[name]
             curves = np.array(r["curves"][0], dtype=np.float64)  # None -> NaN
-            mean, lo, hi = common.bootstrap_band(curves)
-            steps = np.asarray(r["curve_steps"])
             label = f"{common.COMMANDS[name][0].upper()} ({len(curves)} seeds)"
-            ax.plot(steps, mean, label=label)
-            ax.fill_between(steps, lo, hi, alpha=0.25)
+            common.plot_band(ax, r["curve_steps"], curves, label)
         thresholds = {}  # threshold -> the algorithms held to it
         for name in names:
             thresholds.setdefault(common.COMMANDS[name][2], []).append(
