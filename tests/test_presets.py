@@ -30,7 +30,7 @@ RESOLVED = {
                                normalize_reward=True),
     (ppo, "Breakout-MinAtar"): dict(num_envs=64, num_steps=128, num_minibatches=8,
                                     update_epochs=4, learning_rate=(5e-3,), gamma=(0.99,),
-                                    clip_coef=(0.2,), ent_coef=(0.01,), network="mlp",
+                                    clip_coef=(0.2,), ent_coef=(0.05,), network="mlp",
                                     hidden_size=64, activation="relu",
                                     total_timesteps=3_000_000),
     # The per-game MinAtar presets of MINATAR.md's table: the CNN where the MLP does not learn.
