@@ -3,6 +3,7 @@ on a held-out seed base (issues 20 and 34: each game's mean at least its publish
 seed above half of it).
 
     python benchmarks/bench_minatar.py [--quick]
+    python benchmarks/bench_minatar.py --games Breakout-MinAtar   # MINATAR-Breakout-MinAtar.md
     python benchmarks/run.py --only minatar [--quick]      # writes MINATAR.md (about 30 minutes)
 
 Each game is the command a user types, `python algos/ppo.py --env-id <game> --seed 1000` (ppo.py's
@@ -180,14 +181,16 @@ def preset_text(a: dict) -> str:
             + f", entropy {a['ent_coef'][0]:g}, {a['total_timesteps']:,} steps")
 
 
-def run(quick: bool = False) -> str:
+def run(quick: bool = False, only: tuple = ()) -> str:
+    """MINATAR.md's text; `only`: those games' rows alone (and their plot), no other section."""
     load_start, results, rows = common.load_average(), {}, []
-    games = QUICK_GAMES if quick else GAMES
+    games = only or (QUICK_GAMES if quick else GAMES)
+    sections = not (quick or only)  # the search, pqn's rows, the CNN's speed, the small tasks
     presets = {game: common.run_worker(Path(__file__), {"game": game, "extra": {}},
                                        as_user=True) for game in games}
     bases = {game: HELD_OUT_BASES.get(game, (HELD_OUT_SEED,)) for game in games}
     estimate = sum(ESTIMATE_S[game] * len(b) for game, b in bases.items()) + (
-        0 if quick else sum(v for k, v in ESTIMATE_S.items() if k not in GAMES))
+        sum(v for k, v in ESTIMATE_S.items() if k not in GAMES) if sections else 0)
     print(f"  minatar: about {estimate / 60:.0f} minutes on 2 cores (estimated)", flush=True)
     for game in games:
         for base in bases[game]:
@@ -209,7 +212,8 @@ def run(quick: bool = False) -> str:
                       f"{' '.join(f'{x:.4g}' for x in r['final'][0])}"
                       if game in PUBLISHED and r is not None else "")
             print(f"  minatar {game} --seed {base}: {time.time() - t0:.0f} s{judged}", flush=True)
-    plot = plot_curves(results, "minatar_curves.png")
+    plot = plot_curves(results, "minatar_curves.png" if not only else
+                       f"minatar_curves-{'-'.join(only)}.png")
     headers = ["game", "seed base", "preset", "seeds x steps per seed", "final training return, mean [95% CI]",
                "evaluation, sampled actions: mean [95% CI]",
                "evaluation, greedy actions: mean [95% CI]", "worst seed (evaluation, sampled)",
@@ -261,10 +265,10 @@ def run(quick: bool = False) -> str:
         "steps)."]
     if plot:
         text.append(f"![MinAtar learning curves]({plot.name})")
-    if search.exists() and not quick:
+    if search.exists() and sections:
         text += ["## The preset search (benchmarks/search_minatar.py, seed bases 1 and 2)",
                  search.read_text().strip()]
-    return "\n\n".join(text + ([] if quick else [pqn_rows(), cnn_speed(), small_tasks()]))
+    return "\n\n".join(text + ([pqn_rows(), cnn_speed(), small_tasks()] if sections else []))
 
 
 # What the MountainCar-v0 preset search tried (2026-11-24, ppo.py, 4 seeds per seed base, mean of
@@ -409,8 +413,20 @@ if __name__ == "__main__":
         parser.add_argument("--quick", action="store_true", help="Breakout on 3 updates per seed")
         parser.add_argument("--speed", action="store_true", help="the CNN's speed table alone")
         parser.add_argument("--pqn", action="store_true", help="pqn.py's rows alone")
+        parser.add_argument("--games", default="", help="these games' rows alone (comma-"
+                            "separated), into results/MINATAR-<games>.md")
         opts = parser.parse_args()
-        if opts.speed or opts.pqn:
+        if opts.games:
+            only = tuple(opts.games.split(","))
+            if unknown := set(only) - set(GAMES):
+                parser.error(f"--games: unknown {', '.join(sorted(unknown))}")
+            out = common.RESULTS / f"MINATAR-{'-'.join(only)}.md"
+            out.parent.mkdir(parents=True, exist_ok=True)
+            command = f"python benchmarks/bench_minatar.py --games {opts.games}"
+            header = "\n".join(common.produced_by(command))
+            out.write_text(f"{header}\n\n{run(False, only)}\n")
+            print(f"wrote {out}")
+        elif opts.speed or opts.pqn:
             print(cnn_speed() if opts.speed else pqn_rows(opts.quick))
         else:
             print(common.machine_header() + "\n\n" + run(opts.quick))
