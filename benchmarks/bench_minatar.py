@@ -79,7 +79,8 @@ PRESET_SOURCE = (
     "value loss at 0.2; `--clip-vloss` restores it) and a budget of 3M steps per seed instead "
     "of 10M (and ppo.py bootstraps through time-limit truncations, which the notebook treats "
     "as terminations); on Breakout-MinAtar an entropy coefficient of 0.05, not 0.01 (at 0.01 a "
-    "seed can stall on a rally it repeats: BREAKOUT_SEARCH.md). The CNN preset is the same with MinAtar's network (Young & Tian 2019: 16 "
+    "seed can stall on a rally it repeats: BREAKOUT_SEARCH.md). The CNN preset is the same "
+    "with MinAtar's network (Young & Tian 2019: 16 "
     "filters of 3x3, a dense layer of 128, relu; its torso shared by the policy and value heads, "
     "as in MinAtar's own agents), 2 epochs and 1.5M steps: the search's fastest to the published "
     "return on Asterix and Freeway, where the MLP does not learn, and on Seaquest the better "
@@ -214,7 +215,8 @@ def run(quick: bool = False, only: tuple = ()) -> str:
             print(f"  minatar {game} --seed {base}: {time.time() - t0:.0f} s{judged}", flush=True)
     plot = plot_curves(results, "minatar_curves.png" if not only else
                        f"minatar_curves-{'-'.join(only)}.png")
-    headers = ["game", "seed base", "preset", "seeds x steps per seed", "final training return, mean [95% CI]",
+    headers = ["game", "seed base", "preset", "seeds x steps per seed",
+               "final training return, mean [95% CI]",
                "evaluation, sampled actions: mean [95% CI]",
                "evaluation, greedy actions: mean [95% CI]", "worst seed (evaluation, sampled)",
                "every seed (evaluation, sampled)", "every seed (final training return)",
