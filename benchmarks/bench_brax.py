@@ -1,5 +1,5 @@
-"""Brax tasks (--env-id brax/<name>): every CPU-sized preset of ppo.py and sac.py as typed on
-held-out seeds, ppo.py beside PureJaxRL's ppo_continuous_action.py on hopper, and sac.py beside
+"""Brax tasks (--env-id brax/<name>): every CPU-sized preset of ppo.py, sac.py and td3.py as typed
+on held-out seeds, ppo.py beside PureJaxRL's ppo_continuous_action.py on hopper, and sac.py beside
 rejax's SAC on inverted_double_pendulum.
 
     python benchmarks/bench_brax.py [--quick] [--rows ROW,...]   # writes results/BRAX.md
@@ -61,7 +61,8 @@ QUICK_SEEDS, QUICK_EVAL_EPISODES = 2, 2
 TIMEOUT = 6 * 3600  # a hopper or walker2d row is 8 x 5M Brax steps on 2 cores
 SMALL = ["--num-envs", "64", "--total-timesteps", "2560"]  # --quick for a 2048 x 10 preset
 # (a): row -> (file, --env-id, its flags under --quick). The CPU-sized presets (PRESETS / BRAX in
-# algos/ppo.py and algos/sac.py); the others are sized for a GPU and not measured here.
+# algos/ppo.py, algos/sac.py and algos/td3.py); the others are sized for a GPU and not
+# measured here.
 ROWS = {
     "ppo:brax/inverted_pendulum": ("ppo", "brax/inverted_pendulum",
                                    ["--total-timesteps", "8192"]),  # 2 updates of 16 x 256
@@ -70,6 +71,11 @@ ROWS = {
     "sac:brax/inverted_pendulum": ("sac", "brax/inverted_pendulum",
                                    ["--total-timesteps", "3000", "--learning-starts", "1000"]),
     "sac:brax/inverted_double_pendulum": ("sac", "brax/inverted_double_pendulum",
+                                          ["--total-timesteps", "3000", "--learning-starts",
+                                           "1000"]),
+    "td3:brax/inverted_pendulum": ("td3", "brax/inverted_pendulum",
+                                   ["--total-timesteps", "3000", "--learning-starts", "1000"]),
+    "td3:brax/inverted_double_pendulum": ("td3", "brax/inverted_double_pendulum",
                                           ["--total-timesteps", "3000", "--learning-starts",
                                            "1000"]),
 }

@@ -1,29 +1,49 @@
-"""DQN (algos/dqn.py) on CartPole-v1 on held-out seeds, and beside rejax's DQN.
+"""DQN (algos/dqn.py) on CartPole-v1 and Acrobot-v1 on held-out seeds, beside rejax's DQN and
+PureJaxRL's dqn.py.
 
-    python benchmarks/run.py --only dqn         # writes results/DQN.md (about 20 minutes, 2 cores)
+    python benchmarks/run.py --only dqn         # writes results/DQN.md (about 30 minutes, 2 cores)
 
-(a) dqn.py as typed on CartPole-v1 (its preset: 500k steps a seed), 8 seeds on the held-out seed
-base 5000, one process with an empty compilation cache (bench_sac.ours): env steps and seconds
-until every seed held 475, the final training return, the greedy and the epsilon-greedy
+(a) dqn.py as typed on CartPole-v1 (its preset: 500k steps a seed) and Acrobot-v1 (no preset of
+its own: the "discrete" one, CartPole-v1's), 8 seeds on the held-out seed base 5000, one process
+each with an empty compilation cache (bench_sac.ours): env steps and seconds until every seed held
+the env's threshold (THRESHOLDS), the final training return, the greedy and the epsilon-greedy
 evaluations (64 episodes a seed).
-(b) dqn.py beside rejax 0.1.3's DQN at dqn.py's preset in rejax's terms, 4 seeds x 500k steps:
-rejax fixes its network at 64-64, so ours runs with --hidden-sizes 64 64 here. Whole process
-times (a warm-up run each, then 2 runs each alternating ours and rejax; medians), each process
-with an empty compilation cache; rejax in the peers' environment (.venv-peers or PEERS_PYTHON)
-through bench_sac.py's worker, skipped with a line where it is not installed.
-Not here yet: PureJaxRL's dqn.py (it needs flashbax), sbx's DQN, Acrobot-v1 and the MinAtar
-games.
+(b) dqn.py beside rejax 0.1.3's DQN at dqn.py's preset in rejax's terms, 4 seeds x 500k steps, on
+both envs: rejax fixes its network at 64-64, so ours runs with --hidden-sizes 64 64 here. Whole
+process times (a warm-up run each, then 2 runs each alternating ours and rejax; medians), each
+process with an empty compilation cache; rejax in the peers' environment (.venv-peers or
+PEERS_PYTHON) through bench_sac.py's worker, skipped with a line where it is not installed.
+(c) dqn.py as typed beside PureJaxRL's dqn.py (luchris429/purejaxrl, purejaxrl/dqn.py) at the
+configuration of its main() (its ENV_NAME set to each env), 4 seeds x 500k steps, on both envs,
+alternating as (b). PureJaxRL is not installed: its checkout comes from PUREJAXRL_DIR (skipped with
+a line where it is unset); it runs in the peers' environment, which has flashbax (its replay
+buffer, benchmarks/requirements-peers.txt), as its main() runs seeds (jax.jit(jax.vmap(
+make_train)) over split keys, one device), with an empty stand-in for wandb where it is not
+installed (main() alone calls it, disabled), jax.tree_map, which jax 0.11 dropped, as
+jax.tree.map, and gymnax 1.0's 6-value step seen as the 5-value one it was written for
+(purejaxrl_worker). Its greedy policy is evaluated here apart (argmax Q, 64 episodes
+a seed), timed apart.
+Not here: sbx's DQN, and the MinAtar games (5M steps a seed: see docs/dqn.md).
 """
 from __future__ import annotations
 
+import os
 import sys
+import time
+import types
 from pathlib import Path
+
+import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_sac  # noqa: E402
 import common  # noqa: E402
+import peers  # noqa: E402
 
-BASE, THRESHOLD = 5000, 475.0  # the held-out seed base; CartPole-v1 counts 475 as solved
+BASE = 5000  # the held-out seed base
+# What each env counts as solved: CartPole-v1 475 (gymnasium's reward_threshold), Acrobot-v1 -100
+# (gymnasium's reward_threshold: the swing-up in under 100 steps)
+THRESHOLDS = {"CartPole-v1": 475.0, "Acrobot-v1": -100.0}
 SEEDS_A, SEEDS_B, REPEATS, STEPS = 8, 4, 2, 500_000
 EVAL_EPISODES, QUICK_SEEDS, QUICK_EVAL_EPISODES, QUICK_STEPS = 64, 2, 4, 20_000
 # dqn.py's CartPole-v1 preset in rejax 0.1.3's terms: 8 envs, a gradient step after each step of
@@ -37,62 +57,225 @@ REJAX = dict(num_envs=8, num_epochs=1, buffer_size=10_000, fill_buffer=10_000, b
 
 
 def part_a(quick: bool) -> list[str]:
-    flags = ["--seed", str(BASE), "--num-seeds", str(QUICK_SEEDS if quick else SEEDS_A),
-             "--eval-episodes", str(QUICK_EVAL_EPISODES if quick else EVAL_EPISODES),
-             *(["--total-timesteps", str(QUICK_STEPS)] if quick else [])]
-    r = bench_sac.ours("dqn", flags, THRESHOLD)
-    print("  dqn (a): done", flush=True)
-    headers = ["command", "seeds x steps", "env steps per seed until every seed held 475",
-               "s from launch until every seed held 475", "whole process s (compile + run)",
-               "final training return, mean [95% CI]", "worst seed", "evaluation, greedy",
-               "evaluation, epsilon-greedy", "seeds greedy >= 475"]
+    rows, commands = [], []
+    for env_id, threshold in THRESHOLDS.items():
+        flags = [*([] if env_id == "CartPole-v1" else ["--env-id", env_id]), "--seed", str(BASE),
+                 "--num-seeds", str(QUICK_SEEDS if quick else SEEDS_A), "--eval-episodes",
+                 str(QUICK_EVAL_EPISODES if quick else EVAL_EPISODES),
+                 *(["--total-timesteps", str(QUICK_STEPS)] if quick else [])]
+        commands.append(f"python algos/dqn.py {' '.join(flags)} --no-track --compile-cache-dir "
+                        "EMPTY_TEMP_DIR")
+        rows.append(bench_sac.row_a("dqn", bench_sac.ours("dqn", flags, threshold), threshold))
+        print(f"  dqn (a) {env_id}: done", flush=True)
+    headers = ["command", "seeds x steps", "env steps per seed until every seed held the threshold",
+               "s from launch until every seed held the threshold",
+               "whole process s (compile + run)", "final training return, mean [95% CI]",
+               "worst seed", "evaluation, greedy", "evaluation, epsilon-greedy",
+               "seeds greedy at the threshold"]
     return ["### (a) dqn.py as typed, held-out seeds",
-            f"Command: `python algos/dqn.py {' '.join(flags)} --no-track --compile-cache-dir "
-            "EMPTY_TEMP_DIR` (run as typed by common.run_command). Held 475: the first update "
-            "from which the mean training return over a trailing 5% of the updates stays at or "
-            "above 475 to the end (common.held_from), the latest over the seeds; the training "
-            "return is of the epsilon-greedy envs (epsilon 0.05 from mid-run). Final training "
-            "return: the mean episode return over the last 5% of updates, mean over the seeds "
-            "[95% bootstrap CI]. Evaluation: fresh episodes per seed, greedy in Q and "
-            "epsilon-greedy at the final epsilon.",
-            common.md_table(headers, [bench_sac.row_a("dqn", r, THRESHOLD)])]
+            "Commands, each in its own process (run as typed by common.run_command):\n\n"
+            + "\n".join(f"    {c}" for c in commands),
+            "Thresholds: " + ", ".join(f"{k} {v:g}" for k, v in THRESHOLDS.items())
+            + " (gymnasium's reward_threshold). Held: the first update from which the mean "
+            "training return over a trailing 5% of the updates stays at or above the threshold "
+            "to the end (common.held_from), the latest over the seeds; the training return is "
+            "of the epsilon-greedy envs (epsilon 0.05 from mid-run). Acrobot-v1 takes the "
+            "\"discrete\" preset (CartPole-v1's). Final training return: the mean episode return "
+            "over the last 5% of updates, mean over the seeds [95% bootstrap CI]. Evaluation: "
+            "fresh episodes per seed, greedy in Q and epsilon-greedy at the final epsilon.",
+            common.md_table(headers, rows)]
 
 
 def part_b(quick: bool) -> list[str]:
     seeds, steps = (QUICK_SEEDS, QUICK_STEPS) if quick else (SEEDS_B, STEPS)
     episodes, repeats = (QUICK_EVAL_EPISODES, 1) if quick else (EVAL_EPISODES, REPEATS)
+    settings = dict(REJAX, fill_buffer=min(REJAX["fill_buffer"], steps // 2))
     flags = ["--hidden-sizes", "64", "64", "--seed", str(BASE), "--num-seeds", str(seeds),
              "--eval-episodes", str(episodes), "--total-timesteps", str(steps)]
-    settings = dict(REJAX, fill_buffer=min(REJAX["fill_buffer"], steps // 2))
     text = ["### (b) dqn.py beside rejax's DQN",
-            f"{seeds} seeds x {steps:,} env steps each. Ours: `python algos/dqn.py "
+            f"{seeds} seeds x {steps:,} env steps each. Ours: `python algos/dqn.py --env-id ENV "
             f"{' '.join(flags)} --no-track --compile-cache-dir EMPTY_TEMP_DIR`, the seeds over "
             "the 2 cores. rejax 0.1.3: `rejax.get_algo('dqn').create(env=..., **settings)` on "
-            "gymnax's CartPole-v1, `algo.train` vmapped over the seeds and pmapped over the 2 "
-            "cores, one process: " + ", ".join(f"{k}={v}" for k, v in settings.items())
+            "gymnax's env, `algo.train` vmapped over the seeds and pmapped over the 2 cores, one "
+            "process: " + ", ".join(f"{k}={v}" for k, v in settings.items())
             + f" (its network: 64-64, fixed); one evaluation of {episodes} episodes after "
             f"training, timed apart. Whole process: launch to exit, median of {repeats} runs "
             "each after a warm-up run each, alternating, each with an empty compilation cache."]
-    config = {"peer": "rejax", "algo": "dqn", "env": "CartPole-v1", "settings": settings,
-              "steps": steps, "seeds": seeds, "seed": BASE, "episodes": episodes,
-              "time_sampler": False}
-    skipped, rows = bench_sac.beside_rejax("dqn", flags, config, repeats, THRESHOLD)
+    rows, skipped = [], []
+    for env_id, threshold in THRESHOLDS.items():
+        config = {"peer": "rejax", "algo": "dqn", "env": env_id, "settings": settings,
+                  "steps": steps, "seeds": seeds, "seed": BASE, "episodes": episodes,
+                  "time_sampler": False}
+        skipped, env_rows = bench_sac.beside_rejax("dqn", ["--env-id", env_id, *flags], config,
+                                                   repeats, threshold)
+        rows += [[env_id, *row] for row in env_rows]
     return text + skipped + [common.md_table(
-        ["implementation", "whole process s, median (runs; warm-up)",
-         "training: compile + run s (median)", "evaluation, greedy", "seeds greedy >= 475"],
-        rows),
+        ["env", "implementation", "whole process s, median (runs; warm-up)",
+         "training: compile + run s (median)", "evaluation, greedy",
+         "seeds greedy at the threshold"], rows),
         "Greedy: ours argmax Q; rejax's own act, epsilon-greedy at 0.005 (its make_act). Of the "
-        "last timed run of each, mean over the seeds [95% bootstrap CI]. Settings that do not "
-        "match: rejax's target stops at every episode end (one `done`: CartPole-v1's 500-step "
-        "limit taken as terminal), ours bootstraps through the limit; its buffer draws each "
-        "batch without replacement, weighted over every slot (SAC.md (b) times that sampler), "
-        "ours uniform indices into the filled slots; its loss is half the squared error."]
+        "last timed run of each, mean over the seeds [95% bootstrap CI]; thresholds as in (a). "
+        "Settings that do not match: rejax's target stops at every episode end (one `done`: "
+        "the 500-step limit taken as terminal), ours bootstraps through the limit; its buffer "
+        "draws each batch without replacement, weighted over every slot (SAC.md (b) times that "
+        "sampler), ours uniform indices into the filled slots; its loss is half the squared "
+        "error."]
+
+
+# ----------------------------------------------------------------------------- PureJaxRL
+# The configuration of PureJaxRL's dqn.py main(), 4 seeds (its NUM_SEEDS: 1) on the held-out base.
+PUREJAXRL = {"NUM_ENVS": 10, "BUFFER_SIZE": 10_000, "BUFFER_BATCH_SIZE": 128,
+             "TOTAL_TIMESTEPS": STEPS, "EPSILON_START": 1.0, "EPSILON_FINISH": 0.05,
+             "EPSILON_ANNEAL_TIME": 250_000, "TARGET_UPDATE_INTERVAL": 500, "LR": 2.5e-4,
+             "LEARNING_STARTS": 10_000, "TRAINING_INTERVAL": 10, "LR_LINEAR_DECAY": False,
+             "GAMMA": 0.99, "TAU": 1.0, "WANDB_MODE": "disabled"}
+QUICK_PUREJAXRL = {"TOTAL_TIMESTEPS": QUICK_STEPS, "EPSILON_ANNEAL_TIME": QUICK_STEPS // 2,
+                   "LEARNING_STARTS": 1_000}
+
+
+def purejaxrl_worker(config: dict) -> dict:
+    """PureJaxRL's dqn.py make_train(config) as its main() runs seeds (jax.jit(jax.vmap(...)) over
+    jax.random.split(PRNGKey(seed), seeds), one device), then, timed apart, each seed's greedy
+    policy (argmax of its QNetwork) on config["episodes"] fresh episodes. -> compile and run
+    seconds, per seed the final training return (its metric "returns", each env's last ended
+    episode, averaged over the envs and the last 5% of updates) and the greedy evaluation."""
+    import gymnax
+    import jax
+    import jax.numpy as jnp
+
+    notes = []
+    folder = Path(config["dir"])
+    sys.path.insert(0, str(folder / "purejaxrl" if (folder / "purejaxrl").is_dir() else folder))
+    if "wandb" not in sys.modules and importlib_missing("wandb"):
+        sys.modules["wandb"] = types.ModuleType("wandb")  # main() alone calls it (disabled)
+        notes.append("wandb not installed: an empty stand-in module")
+    if not hasattr(jax, "tree_map"):  # dropped by jax 0.11; the same function
+        jax.tree_map = jax.tree.map
+        notes.append("jax.tree_map (dropped by jax 0.11) as jax.tree.map")
+    module = __import__("dqn")
+    log_wrapper = module.LogWrapper
+
+    def five_value_log_wrapper(env):  # its step unpacks 5 values: gymnax 1.0's give 6
+        return peers.FiveValueStep(log_wrapper(env))
+
+    module.LogWrapper = five_value_log_wrapper
+    notes.append("gymnax 1.0's 6-value step seen as the 5-value one it was written for "
+                 "(peers.FiveValueStep: done is terminated or truncated)")
+    run_config = {**config["config"], "ENV_NAME": config["env"]}
+    train = jax.jit(jax.vmap(module.make_train(run_config)))
+    keys = jax.random.split(jax.random.PRNGKey(config["seed"]), config["seeds"])
+    t0 = time.perf_counter()
+    compiled = train.lower(keys).compile()
+    compile_s, t0 = time.perf_counter() - t0, time.perf_counter()
+    out = jax.block_until_ready(compiled(keys))
+    run_s = time.perf_counter() - t0
+    returns = np.asarray(out["metrics"]["returns"], np.float64)  # [seeds, updates]
+    final = returns[:, -max(1, round(returns.shape[1] * 0.05)):].mean(1).tolist()
+
+    env, env_params = gymnax.make(config["env"])
+    network = module.QNetwork(action_dim=env.action_space(env_params).n)
+
+    def greedy_returns(params, key):  # config["episodes"] episodes to their end or the limit
+        obs, state = jax.vmap(env.reset, in_axes=(0, None))(
+            jax.random.split(key, config["episodes"]), env_params)
+
+        def step(carry, key):
+            obs, state, ended, total = carry
+            action = network.apply(params, obs).argmax(-1)
+            obs, state, reward, terminated, truncated, _ = jax.vmap(
+                env.step, in_axes=(0, 0, 0, None))(
+                jax.random.split(key, config["episodes"]), state, action, env_params)
+            total = total + jnp.where(ended, 0.0, reward)
+            return (obs, state, ended | terminated | truncated, total), None
+
+        start = (obs, state, jnp.zeros(config["episodes"], bool), jnp.zeros(config["episodes"]))
+        steps = jax.random.split(jax.random.fold_in(key, 1), env_params.max_steps_in_episode)
+        return jax.lax.scan(step, start, steps)[0][3].mean()
+
+    params = out["runner_state"][0].params
+    t0 = time.perf_counter()
+    greedy = jax.device_get(jax.jit(jax.vmap(greedy_returns))(params, keys))
+    return {"compile_s": compile_s, "run_s": run_s, "eval_s": time.perf_counter() - t0,
+            "final": final, "greedy": np.asarray(greedy, np.float64).tolist(), "notes": notes}
+
+
+def importlib_missing(name: str) -> bool:
+    import importlib.util
+    return importlib.util.find_spec(name) is None
+
+
+def part_c(quick: bool) -> list[str]:
+    seeds = QUICK_SEEDS if quick else SEEDS_B
+    episodes, repeats = (QUICK_EVAL_EPISODES, 1) if quick else (EVAL_EPISODES, REPEATS)
+    settings = {**PUREJAXRL, **(QUICK_PUREJAXRL if quick else {})}
+    flags = ["--seed", str(BASE), "--num-seeds", str(seeds), "--eval-episodes", str(episodes),
+             *(["--total-timesteps", str(QUICK_STEPS)] if quick else [])]
+    text = ["### (c) dqn.py beside PureJaxRL's dqn.py",
+            f"{seeds} seeds x {settings['TOTAL_TIMESTEPS']:,} env steps each. Ours: `python "
+            f"algos/dqn.py --env-id ENV {' '.join(flags)} --no-track --compile-cache-dir "
+            "EMPTY_TEMP_DIR` (its preset: PureJaxRL's settings but for the differences below), "
+            "the seeds over the 2 cores. PureJaxRL: purejaxrl/dqn.py's make_train on its main()'s "
+            "configuration, ENV_NAME the env: " + ", ".join(f"{k}={v}" for k, v in
+                                                           settings.items())
+            + f", jax.jit(jax.vmap(make_train(config))) over {seeds} keys split from "
+            f"PRNGKey({BASE}), one process, one device (as its main() runs; it has no pmap), "
+            "in the peers' environment (flashbax). Its greedy policy (argmax Q) on "
+            f"{episodes} fresh episodes a seed, evaluated after training and timed apart. Whole "
+            f"process: launch to exit, median of {repeats} runs each after a warm-up run each, "
+            "alternating, each with an empty compilation cache."]
+    checkout, python = os.environ.get("PUREJAXRL_DIR"), peers.peers_python()
+    if not checkout or python is None or not peers.installed(python, "flashbax"):
+        return text + ["- skipped PureJaxRL: PUREJAXRL_DIR (a checkout of luchris429/purejaxrl) "
+                       "is unset, or flashbax is not installed in the peers environment "
+                       "(benchmarks/requirements-peers.txt)."]
+    rows, notes = [], set()
+    for env_id, threshold in THRESHOLDS.items():
+        config = {"dir": checkout, "env": env_id, "config": settings, "seed": BASE,
+                  "seeds": seeds, "episodes": episodes}
+        ours, theirs = [], []
+        for i in range(repeats + 1):  # the first of each: the warm-up, not counted
+            ours.append(bench_sac.ours("dqn", ["--env-id", env_id, *flags], threshold))
+            theirs.append(common.run_worker(Path(__file__), config, env=peers.PEER_ENV,
+                                            python=python, as_user=True))
+            notes.update(theirs[-1]["notes"])
+            print(f"  dqn (c) {env_id}, round {i}: done", flush=True)
+        for label, done in (("dqn.py", ours), ("PureJaxRL", theirs)):
+            timed, last = done[1:], done[-1]
+            median = lambda key: np.median([r[key] for r in timed])  # noqa: E731
+            greedy = last["greedy"] if label == "PureJaxRL" else last["evals"]["greedy"][0]
+            final = last["final"] if label == "PureJaxRL" else last["final"][0]
+            rows.append([env_id, label, f"{median('process_s'):.1f} ("
+                         + ", ".join(f"{r['process_s']:.1f}" for r in timed)
+                         + f"; warm-up {done[0]['process_s']:.1f})",
+                         f"{median('compile_s'):.1f} + {median('run_s'):.1f}",
+                         common.with_ci(final, spec=".1f"), common.with_ci(greedy, spec=".1f"),
+                         f"{int((np.asarray(greedy) >= threshold).sum())}/{len(greedy)}"])
+    return text + [common.md_table(
+        ["env", "implementation", "whole process s, median (runs; warm-up)",
+         "training: compile + run s (median)", "final training return, mean [95% CI]",
+         "evaluation, greedy", "seeds greedy at the threshold"], rows),
+        "Final training return: ours the mean return of the episodes that ended in the last 5% "
+        "of updates; PureJaxRL's its metric `returns` (each env's last ended episode, averaged "
+        "over the envs) over its last 5% of updates; mean over the seeds [95% bootstrap CI]. "
+        "Greedy: argmax Q, of the last timed run of each. PureJaxRL's whole process holds its "
+        "greedy evaluation (ours: inside our process too). Settings that do not match (our "
+        "preset's, algos/dqn.py): 8 envs and a gradient step after each step of them, one per "
+        "8 env steps (theirs: 10 envs, one per 10 env steps); "
+        "Double DQN's target (theirs: the max); their target stops at every episode end (one "
+        "`done`: the 500-step limit taken as terminal), ours bootstraps through the limit; "
+        "their buffer (flashbax's flat buffer) draws a batch uniformly over the filled slots, "
+        "as ours. Stand-ins: " + ("; ".join(sorted(notes)) or "none") + "."]
 
 
 def run(quick: bool = False) -> str:
     load_start = common.load_average()
-    text = [*part_a(quick), *part_b(quick)]
+    text = [*part_a(quick), *part_b(quick), *part_c(quick)]
     return "\n\n".join([
-        "## DQN: dqn.py on held-out seeds, beside rejax's DQN, on CartPole-v1",
+        "## DQN: dqn.py on held-out seeds, beside rejax's DQN and PureJaxRL's, on CartPole-v1 "
+        "and Acrobot-v1",
         f"Load average (1, 5, 15 min) at the start: {load_start}.", *text,
         f"Load average at the end: {common.load_average()}."])
+
+
+if __name__ == "__main__":
+    common.worker_entry(purejaxrl_worker)

@@ -23,10 +23,16 @@ optax 0.1.4, gymnasium 0.29.1, scipy < 1.13 for that jax, numpy < 2, tyro, tenso
         tensorboard
 the script from a CleanRL checkout at CLEANRL_DIR (default .cleanrl/: `git clone
 https://github.com/vwxyzjn/cleanrl .cleanrl`); skipped with a line where either is missing.
-Not here yet: sbx's TD3, and the Brax pendulums beside sac.py.
+(d) td3.py beside sac.py on brax/inverted_pendulum and brax/inverted_double_pendulum, each file's
+preset as typed (200,000 steps a seed for both), 8 seeds on the held-out base 5000, a process each
+with an empty compilation cache: bench_brax.py's (a) columns (its rows td3:brax/... and
+sac:brax/...). About 55 minutes; alone:
+    python benchmarks/bench_td3.py --brax       # writes results/TD3-brax.md
+Not here: sbx's TD3 (rejax's and CleanRL's are the peers).
 """
 from __future__ import annotations
 
+import argparse
 import os
 import re
 import subprocess
@@ -39,6 +45,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import bench_brax  # noqa: E402
 import bench_sac  # noqa: E402
 import common  # noqa: E402
 
@@ -163,6 +170,20 @@ def part_c(quick: bool) -> list[str]:
         "streams)."]
 
 
+BRAX_ROWS = [f"{name}:brax/{task}" for task in ("inverted_pendulum", "inverted_double_pendulum")
+             for name in ("td3", "sac")]  # bench_brax.ROWS
+
+
+def part_d(quick: bool) -> list[str]:
+    """(d): bench_brax.py's (a) on BRAX_ROWS, under this file's heading."""
+    table = bench_brax.part_a(quick, BRAX_ROWS)[1:]  # (its own "(a)" heading left out)
+    return ["### (d) td3.py beside sac.py on Brax's pendulums", *table,
+            "Both files' presets on these tasks: 200,000 steps a seed, one env, a gradient step "
+            "per env step, batch 256, two hidden layers of 64, 5,000 random steps first; sac.py's "
+            "inverted_double_pendulum preset adds LayerNorm to its critics and anneals its "
+            "learning rate (algos/sac.py BRAX)."]
+
+
 def run(quick: bool = False) -> str:
     load_start, rows, commands = common.load_average(), [], []
     for label, (name, extra) in ROWS.items():
@@ -191,5 +212,25 @@ def run(quick: bool = False) -> str:
         f"{QUICK_EVAL_EPISODES if quick else EVAL_EPISODES} fresh episodes per seed, by the "
         "policy's action (greedy) and with the file's exploration (sampled).",
         "### (a) td3.py, and as DDPG, beside sac.py",
-        common.md_table(headers, rows), *part_b(quick), *part_c(quick),
+        common.md_table(headers, rows), *part_b(quick), *part_c(quick), *part_d(quick),
         f"Load average at the end: {common.load_average()}."])
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--brax", action="store_true",
+                        help="(d) alone, into results/TD3-brax.md (TD3.md: run.py --only td3)")
+    parser.add_argument("--quick", action="store_true", help="tiny budgets: the pipeline")
+    opts = parser.parse_args()
+    if not opts.brax:
+        parser.error("--brax: the one part this command runs alone (TD3.md: run.py --only td3)")
+    out = common.RESULTS / ("quick" if opts.quick else "") / "TD3-brax.md"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    command = f"python benchmarks/bench_td3.py --brax{' --quick' if opts.quick else ''}"
+    load_start = common.load_average()
+    body = part_d(opts.quick)
+    out.write_text("\n\n".join([
+        *common.produced_by(command, "quick" if opts.quick else "full"),
+        f"Load average (1, 5, 15 min) at the start: {load_start}.", *body,
+        f"Load average at the end: {common.load_average()}."]) + "\n")
+    print(f"wrote {out}")
