@@ -227,10 +227,10 @@ if __name__ == "__main__":
     out = common.RESULTS / ("quick" if opts.quick else "") / "TD3-brax.md"
     out.parent.mkdir(parents=True, exist_ok=True)
     command = f"python benchmarks/bench_td3.py --brax{' --quick' if opts.quick else ''}"
+    header = common.produced_by(command, "quick" if opts.quick else "full")  # the code run
     load_start = common.load_average()
     body = part_d(opts.quick)
     out.write_text("\n\n".join([
-        *common.produced_by(command, "quick" if opts.quick else "full"),
-        f"Load average (1, 5, 15 min) at the start: {load_start}.", *body,
+        *header, f"Load average (1, 5, 15 min) at the start: {load_start}.", *body,
         f"Load average at the end: {common.load_average()}."]) + "\n")
     print(f"wrote {out}")
