@@ -1,6 +1,6 @@
 """TD3 (algos/td3.py) on Pendulum-v1 beside sac.py on the same budget, and DDPG by td3.py's flags.
 
-    python benchmarks/run.py --only td3         # writes results/TD3.md (about 15 minutes, 2 cores)
+    python benchmarks/run.py --only td3         # writes results/TD3.md (about an hour, 2 cores)
 
 (a) td3.py as typed, td3.py with DDPG's flags (--num-critics 1 --policy-noise 0
 --policy-frequency 1) and sac.py as typed on Pendulum-v1, 20,000 steps a seed (both files'
@@ -26,7 +26,7 @@ https://github.com/vwxyzjn/cleanrl .cleanrl`); skipped with a line where either 
 (d) td3.py beside sac.py on brax/inverted_pendulum and brax/inverted_double_pendulum, each file's
 preset as typed (200,000 steps a seed for both), 8 seeds on the held-out base 5000, a process each
 with an empty compilation cache: bench_brax.py's (a) columns (its rows td3:brax/... and
-sac:brax/...). About 55 minutes; alone:
+sac:brax/...). About 42 minutes; alone:
     python benchmarks/bench_td3.py --brax       # writes results/TD3-brax.md
 Not here: sbx's TD3 (rejax's and CleanRL's are the peers).
 """
