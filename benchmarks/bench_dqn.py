@@ -27,6 +27,7 @@ Not here: sbx's DQN, and the MinAtar games (5M steps a seed: see docs/dqn.md).
 """
 from __future__ import annotations
 
+import importlib.util
 import os
 import sys
 import time
@@ -146,7 +147,7 @@ def purejaxrl_worker(config: dict) -> dict:
     notes = []
     folder = Path(config["dir"])
     sys.path.insert(0, str(folder / "purejaxrl" if (folder / "purejaxrl").is_dir() else folder))
-    if "wandb" not in sys.modules and importlib_missing("wandb"):
+    if importlib.util.find_spec("wandb") is None:
         sys.modules["wandb"] = types.ModuleType("wandb")  # main() alone calls it (disabled)
         notes.append("wandb not installed: an empty stand-in module")
     if not hasattr(jax, "tree_map"):  # dropped by jax 0.11; the same function
@@ -199,11 +200,6 @@ def purejaxrl_worker(config: dict) -> dict:
             "final": final, "greedy": np.asarray(greedy, np.float64).tolist(), "notes": notes}
 
 
-def importlib_missing(name: str) -> bool:
-    import importlib.util
-    return importlib.util.find_spec(name) is None
-
-
 def part_c(quick: bool) -> list[str]:
     seeds = QUICK_SEEDS if quick else SEEDS_B
     episodes, repeats = (QUICK_EVAL_EPISODES, 1) if quick else (EVAL_EPISODES, REPEATS)
@@ -240,14 +236,10 @@ def part_c(quick: bool) -> list[str]:
             notes.update(theirs[-1]["notes"])
             print(f"  dqn (c) {env_id}, round {i}: done", flush=True)
         for label, done in (("dqn.py", ours), ("PureJaxRL", theirs)):
-            timed, last = done[1:], done[-1]
-            median = lambda key: np.median([r[key] for r in timed])  # noqa: E731
+            last = done[-1]
             greedy = last["greedy"] if label == "PureJaxRL" else last["evals"]["greedy"][0]
             final = last["final"] if label == "PureJaxRL" else last["final"][0]
-            rows.append([env_id, label, f"{median('process_s'):.1f} ("
-                         + ", ".join(f"{r['process_s']:.1f}" for r in timed)
-                         + f"; warm-up {done[0]['process_s']:.1f})",
-                         f"{median('compile_s'):.1f} + {median('run_s'):.1f}",
+            rows.append([env_id, label, *bench_sac.timing_cells(done),
                          common.with_ci(final, spec=".1f"), common.with_ci(greedy, spec=".1f"),
                          f"{int((np.asarray(greedy) >= threshold).sum())}/{len(greedy)}"])
     return text + [common.md_table(

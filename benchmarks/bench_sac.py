@@ -238,16 +238,20 @@ def beside_rejax(name: str, flags: list[str], config: dict, repeats: int,
     for label, done in runs.items():
         if not done:
             continue
-        timed, last = done[1:], done[-1]
-        median = lambda key: np.median([r[key] for r in timed])  # noqa: E731
-        wall = ", ".join(f"{r['process_s']:.1f}" for r in timed)
-        greedy = last["greedy"] if label == "rejax" else last["evals"]["greedy"][0]
-        rows.append([label, f"{median('process_s'):.1f} ({wall}; warm-up "
-                     f"{done[0]['process_s']:.1f})",
-                     f"{median('compile_s'):.1f} + {median('run_s'):.1f}",
-                     common.with_ci(greedy, spec=".1f"),
+        greedy = done[-1]["greedy"] if label == "rejax" else done[-1]["evals"]["greedy"][0]
+        rows.append([label, *timing_cells(done), common.with_ci(greedy, spec=".1f"),
                      f"{int((np.asarray(greedy) >= threshold).sum())}/{len(greedy)}"])
     return skipped, rows
+
+
+def timing_cells(done: list[dict]) -> list[str]:
+    """Of alternated runs (the first a warm-up, not counted): the whole process's median with
+    each timed run and the warm-up, and the medians of compile and run seconds."""
+    timed = done[1:]
+    median = lambda key: np.median([r[key] for r in timed])  # noqa: E731
+    wall = ", ".join(f"{r['process_s']:.1f}" for r in timed)
+    return [f"{median('process_s'):.1f} ({wall}; warm-up {done[0]['process_s']:.1f})",
+            f"{median('compile_s'):.1f} + {median('run_s'):.1f}"]
 
 
 def part_a(quick: bool) -> list[str]:
