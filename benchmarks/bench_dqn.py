@@ -23,13 +23,18 @@ installed (main() alone calls it, disabled), jax.tree_map, which jax 0.11 droppe
 jax.tree.map, and gymnax 1.0's 6-value step seen as the 5-value one it was written for
 (purejaxrl_worker). Its greedy policy is evaluated here apart (argmax Q, 64 episodes
 a seed), timed apart.
-Not here: sbx's DQN, and the MinAtar games (5M steps a seed: see docs/dqn.md).
+(d) dqn.py as typed on Breakout-MinAtar and SpaceInvaders-MinAtar (its MinAtar preset: 5M steps a
+seed), 2 seeds on the held-out base 5000, a process each with an empty compilation cache, beside
+the DQN returns Young & Tian 2019 publish for MinAtar (MINATAR_DQN). About 70 minutes; alone:
+    python benchmarks/bench_dqn.py --minatar    # writes results/DQN-minatar.md
+Not here: sbx's DQN (rejax's and PureJaxRL's are the peers).
 """
 from __future__ import annotations
 
 import importlib.util
 import os
 import sys
+import tempfile
 import time
 import types
 from pathlib import Path
@@ -259,6 +264,47 @@ def part_c(quick: bool) -> list[str]:
         "as ours. Stand-ins: " + ("; ".join(sorted(notes)) or "none") + "."]
 
 
+# Young & Tian 2019's DQN at 5M frames, read off the learning curves of their repository
+# (kenjyoung/MinAtar img/learning_curves.gif: the moving average of the training return over 100
+# episodes, epsilon 0.1, the mean of 30 runs): Breakout about 10, Space Invaders about 43.
+MINATAR_DQN = {"Breakout-MinAtar": 10.0, "SpaceInvaders-MinAtar": 43.0}
+MINATAR_SOURCE = ("https://github.com/kenjyoung/MinAtar/blob/"
+                  "87c2bc825e0a4171040323a8164e9ecd32d14731/img/learning_curves.gif")
+MINATAR_SEEDS, MINATAR_TIMEOUT_S = 2, 3 * 3600
+
+
+def part_d(quick: bool) -> list[str]:
+    """(d): dqn.py's MinAtar preset beside Young & Tian's DQN returns."""
+    rows, commands = [], []
+    for env_id, published in MINATAR_DQN.items():
+        flags = ["--env-id", env_id, "--seed", str(BASE), "--num-seeds", str(MINATAR_SEEDS),
+                 "--eval-episodes", str(QUICK_EVAL_EPISODES if quick else EVAL_EPISODES),
+                 *(["--total-timesteps", str(QUICK_STEPS)] if quick else [])]
+        commands.append(f"python algos/dqn.py {' '.join(flags)} --no-track --compile-cache-dir "
+                        "EMPTY_TEMP_DIR")
+        with tempfile.TemporaryDirectory() as cache:
+            result = common.run_command("dqn", flags, published, cache, MINATAR_TIMEOUT_S)
+        rows.append([env_id, f"{published:g}",
+                     *bench_sac.row_a("dqn", result, published)])
+        print(f"  dqn (d) {env_id}: done", flush=True)
+    headers = ["game", "Young & Tian's DQN (5M frames)", "command", "seeds x steps",
+               "env steps per seed until every seed held the published return",
+               "s from launch until every seed held it", "whole process s (compile + run)",
+               "final training return, mean [95% CI]", "worst seed", "evaluation, greedy",
+               "evaluation, epsilon-greedy", "seeds greedy at the published return"]
+    return ["### (d) dqn.py on MinAtar beside Young & Tian's DQN",
+            "Commands, each in its own process (run as typed by common.run_command):\n\n"
+            + "\n".join(f"    {c}" for c in commands),
+            f"Published: Young & Tian 2019's DQN read off their learning curves ([{MINATAR_SOURCE}]"
+            f"({MINATAR_SOURCE})): the moving average of the training return over 100 episodes "
+            "at epsilon 0.1, the mean of 30 runs, at 5M frames. Their MinAtar is not gymnax's: "
+            "sticky actions (0.1) and all 6 actions; their agent one env with a gradient step "
+            "per step and RMSProp, ours 4 envs with a gradient step after each step of the 4 "
+            "(1.25M a seed) and Adam (algos/dqn.py MINATAR). Held, final training return and "
+            "evaluation as in (a); the training return is of the envs at epsilon 0.1, as theirs.",
+            common.md_table(headers, rows)]
+
+
 def run(quick: bool = False) -> str:
     load_start = common.load_average()
     text = [*part_a(quick), *part_b(quick), *part_c(quick)]
@@ -269,5 +315,6 @@ def run(quick: bool = False) -> str:
         f"Load average at the end: {common.load_average()}."])
 
 
-if __name__ == "__main__":
-    common.worker_entry(purejaxrl_worker)
+if __name__ == "__main__" and not common.worker_entry(purejaxrl_worker):
+    common.write_part("bench_dqn.py", "minatar", "DQN-minatar.md", part_d,
+                      __doc__.split("\n\n")[0])

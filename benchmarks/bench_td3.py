@@ -32,7 +32,6 @@ Not here: sbx's TD3 (rejax's and CleanRL's are the peers).
 """
 from __future__ import annotations
 
-import argparse
 import os
 import re
 import subprocess
@@ -217,20 +216,4 @@ def run(quick: bool = False) -> str:
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--brax", action="store_true",
-                        help="(d) alone, into results/TD3-brax.md (TD3.md: run.py --only td3)")
-    parser.add_argument("--quick", action="store_true", help="tiny budgets: the pipeline")
-    opts = parser.parse_args()
-    if not opts.brax:
-        parser.error("--brax: the one part this command runs alone (TD3.md: run.py --only td3)")
-    out = common.RESULTS / ("quick" if opts.quick else "") / "TD3-brax.md"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    command = f"python benchmarks/bench_td3.py --brax{' --quick' if opts.quick else ''}"
-    header = common.produced_by(command, "quick" if opts.quick else "full")  # the code run
-    load_start = common.load_average()
-    body = part_d(opts.quick)
-    out.write_text("\n\n".join([
-        *header, f"Load average (1, 5, 15 min) at the start: {load_start}.", *body,
-        f"Load average at the end: {common.load_average()}."]) + "\n")
-    print(f"wrote {out}")
+    common.write_part("bench_td3.py", "brax", "TD3-brax.md", part_d, __doc__.split("\n\n")[0])

@@ -6,6 +6,7 @@ belong to that workload alone), and the default commands a user types, run as ty
 """
 from __future__ import annotations
 
+import argparse
 import importlib
 import json
 import os
@@ -81,6 +82,30 @@ def produced_by(command: str, mode: str = "full") -> list[str]:
     return [machine_header(),
             f"Produced by `{command}` ({mode}), {time.strftime('%Y-%m-%d')}, commit "
             f"{code_version()}."]
+
+
+def write_part(script: str, option: str, name: str, part, description: str) -> None:
+    """The command line of a part a benchmark script also runs alone (`python
+    benchmarks/SCRIPT --OPTION [--quick]`): part(quick) -> its text, written with its header
+    and the load at its start and end into results/NAME (results/quick/NAME with --quick)."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument(f"--{option}", action="store_true", help=f"the part alone, into "
+                        f"results/{name} (the rest: benchmarks/run.py)")
+    parser.add_argument("--quick", action="store_true", help="tiny budgets: the pipeline")
+    opts = parser.parse_args()
+    if not getattr(opts, option):
+        parser.error(f"--{option}: the one part this command runs alone (the rest: "
+                     "benchmarks/run.py)")
+    out = RESULTS / ("quick" if opts.quick else "") / name
+    out.parent.mkdir(parents=True, exist_ok=True)
+    command = f"python benchmarks/{script} --{option}{' --quick' if opts.quick else ''}"
+    header = produced_by(command, "quick" if opts.quick else "full")  # the code run
+    load_start = load_average()
+    body = part(opts.quick)
+    out.write_text("\n\n".join([
+        *header, f"Load average (1, 5, 15 min) at the start: {load_start}.", *body,
+        f"Load average at the end: {load_average()}."]) + "\n")
+    print(f"wrote {out}")
 
 
 def load_average() -> str:
