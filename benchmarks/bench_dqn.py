@@ -25,7 +25,7 @@ jax.tree.map, and gymnax 1.0's 6-value step seen as the 5-value one it was writt
 a seed), timed apart.
 (d) dqn.py as typed on Breakout-MinAtar and SpaceInvaders-MinAtar (its MinAtar preset: 5M steps a
 seed), 2 seeds on the held-out base 5000, a process each with an empty compilation cache, beside
-the DQN returns Young & Tian 2019 publish for MinAtar (MINATAR_DQN). About 70 minutes; alone:
+the DQN returns Young & Tian 2019 publish for MinAtar (MINATAR_DQN). About 66 minutes; alone:
     python benchmarks/bench_dqn.py --minatar    # writes results/DQN-minatar.md
 Not here: sbx's DQN (rejax's and PureJaxRL's are the peers).
 """
