@@ -9,7 +9,8 @@ each with an empty compilation cache (bench_sac.ours): env steps and seconds unt
 the env's threshold (THRESHOLDS), the final training return, the greedy and the epsilon-greedy
 evaluations (64 episodes a seed).
 (b) dqn.py beside rejax 0.1.3's DQN at dqn.py's preset in rejax's terms, 4 seeds x 500k steps, on
-both envs: rejax fixes its network at 64-64, so ours runs with --hidden-sizes 64 64 here. Whole
+both envs: rejax fixes its network at 64-64 and its learning rate, so ours runs with
+--hidden-sizes 64 64 --anneal-lr False here. Whole
 process times (a warm-up run each, then 2 runs each alternating ours and rejax; medians), each
 process with an empty compilation cache; rejax in the peers' environment (.venv-peers or
 PEERS_PYTHON) through bench_sac.py's worker, skipped with a line where it is not installed.
@@ -53,11 +54,12 @@ THRESHOLDS = {"CartPole-v1": 475.0, "Acrobot-v1": -100.0}
 SEEDS_A, SEEDS_B, REPEATS, STEPS = 8, 4, 2, 500_000
 EVAL_EPISODES, QUICK_SEEDS, QUICK_EVAL_EPISODES, QUICK_STEPS = 64, 2, 4, 20_000
 # dqn.py's CartPole-v1 preset in rejax 0.1.3's terms: 8 envs, a gradient step after each step of
-# them (num_epochs 1), buffer 10,000, batch 128, 10,000 steps of uniform actions first, Adam 2.5e-4,
-# gamma 0.99, the target copied every 500 env steps (polyak 0), epsilon 1 -> 0.05 over half the
-# run, Double DQN's target, relu. Its loss is half the squared error (ours: the squared error).
-REJAX = dict(num_envs=8, num_epochs=1, buffer_size=10_000, fill_buffer=10_000, batch_size=128,
-             learning_rate=2.5e-4, gamma=0.99, target_update_freq=500, polyak=0.0,
+# them (num_epochs 1), buffer 50,000, batch 128, 10,000 steps of uniform actions first, Adam
+# 5e-4 (constant: rejax has no schedule, so ours runs with --anneal-lr False here), gamma 0.99, the
+# target copied every 500 env steps (polyak 0), epsilon 1 -> 0.05 over half the run, Double DQN's
+# target, relu. Its loss is half the squared error (ours: the squared error).
+REJAX = dict(num_envs=8, num_epochs=1, buffer_size=50_000, fill_buffer=10_000, batch_size=128,
+             learning_rate=5e-4, gamma=0.99, target_update_freq=500, polyak=0.0,
              eps_start=1.0, eps_end=0.05, exploration_fraction=0.5, ddqn=True,
              agent="QNetwork", agent_kwargs={"activation": "relu"})
 
@@ -96,8 +98,9 @@ def part_b(quick: bool) -> list[str]:
     seeds, steps = (QUICK_SEEDS, QUICK_STEPS) if quick else (SEEDS_B, STEPS)
     episodes, repeats = (QUICK_EVAL_EPISODES, 1) if quick else (EVAL_EPISODES, REPEATS)
     settings = dict(REJAX, fill_buffer=min(REJAX["fill_buffer"], steps // 2))
-    flags = ["--hidden-sizes", "64", "64", "--seed", str(BASE), "--num-seeds", str(seeds),
-             "--eval-episodes", str(episodes), "--total-timesteps", str(steps)]
+    flags = ["--hidden-sizes", "64", "64", "--anneal-lr", "False", "--seed", str(BASE),
+             "--num-seeds", str(seeds), "--eval-episodes", str(episodes), "--total-timesteps",
+             str(steps)]
     text = ["### (b) dqn.py beside rejax's DQN",
             f"{seeds} seeds x {steps:,} env steps each. Ours: `python algos/dqn.py --env-id ENV "
             f"{' '.join(flags)} --no-track --compile-cache-dir EMPTY_TEMP_DIR`, the seeds over "
