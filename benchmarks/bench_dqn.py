@@ -1,7 +1,7 @@
 """DQN (algos/dqn.py) on CartPole-v1 and Acrobot-v1 on held-out seeds, beside rejax's DQN and
 PureJaxRL's dqn.py.
 
-    PUREJAXRL_DIR=DIR python benchmarks/run.py --only dqn   # writes results/DQN.md (~15 minutes)
+    PUREJAXRL_DIR=DIR python benchmarks/run.py --only dqn   # writes results/DQN.md (~21 minutes)
 
 (a) dqn.py as typed on CartPole-v1 (its preset: 500k steps a seed) and Acrobot-v1 (no preset of
 its own: the "discrete" one, CartPole-v1's), 8 seeds on the held-out seed base 5000, one process
@@ -260,8 +260,9 @@ def part_c(quick: bool) -> list[str]:
         "Greedy: argmax Q, of the last timed run of each. PureJaxRL's whole process holds its "
         "greedy evaluation (ours: inside our process too). Settings that do not match (our "
         "preset's, algos/dqn.py): 8 envs and a gradient step after each step of them, one per "
-        "8 env steps (theirs: 10 envs, one per 10 env steps); "
-        "Double DQN's target (theirs: the max); their target stops at every episode end (one "
+        "8 env steps (theirs: 10 envs, one per 10 env steps); a buffer of 50,000 and Adam "
+        "5e-4 annealed to 0 (theirs: 10,000 and 2.5e-4 constant); Double DQN's target "
+        "(theirs: the max); their target stops at every episode end (one "
         "`done`: the 500-step limit taken as terminal), ours bootstraps through the limit; "
         "their buffer (flashbax's flat buffer) draws a batch uniformly over the filled slots, "
         "as ours. Stand-ins: " + ("; ".join(sorted(notes)) or "none") + "."]
