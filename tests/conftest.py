@@ -159,6 +159,21 @@ def quicker_compiles(monkeypatch):
                                 level_0(sys.modules[name].COMPILER_OPTIONS))
 
 
+def assert_anneals_linearly(tx, learning_rate, steps: int):
+    """On a constant gradient (Adam's step is then exactly its learning rate) the k-th step of
+    the optax transformation tx is learning_rate (1 - k / steps), and the one after the last 0."""
+    import jax.numpy as jnp
+    import numpy as np
+
+    params = {"w": jnp.zeros(())}
+    opt_state, sizes = tx.init(params), []
+    for _ in range(steps + 1):
+        updates, opt_state = tx.update({"w": jnp.ones(())}, opt_state, params)
+        sizes.append(-float(updates["w"]))
+    expected = float(learning_rate) * (1 - np.arange(steps + 1) / steps)
+    np.testing.assert_allclose(sizes, expected, rtol=1e-5, atol=1e-9)
+
+
 def validated(module, **flags):
     """The runner's Args of `module` with these flags, checked and resolved (flags.validate)."""
     from runner import flags as runner_flags

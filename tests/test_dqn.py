@@ -9,7 +9,13 @@ import numpy as np
 import pytest
 
 import dqn
-from conftest import assert_learns, assert_usage_error, help_text, validated
+from conftest import (
+    assert_anneals_linearly,
+    assert_learns,
+    assert_usage_error,
+    help_text,
+    validated,
+)
 from runner import envs, flags, sweep
 
 # One table, judged as the other files' (conftest.learning_verdict: the seeds' median final return,
@@ -189,12 +195,4 @@ def test_anneal_lr_spans_exactly_the_runs_gradient_steps(learning_starts, train_
     assert 0 < steps < env_steps or (learning_starts, train_frequency) == (0, 1)
     state = jax.jit(train)(jax.random.PRNGKey(0), hp)[0]
     assert int(state.opt_state[0].count) == steps  # Adam's
-    tx = dqn.make_tx(args, hp, train.num_updates)
-    params = {"w": jnp.zeros(())}
-    opt_state, sizes = tx.init(params), []
-    for _ in range(steps + 1):
-        updates, opt_state = tx.update({"w": jnp.ones(())}, opt_state, params)
-        sizes.append(-float(updates["w"]))
-    lr = float(hp["learning_rate"])
-    np.testing.assert_allclose(sizes, lr * (1 - np.arange(steps + 1) / steps), rtol=1e-5,
-                               atol=1e-9)
+    assert_anneals_linearly(dqn.make_tx(args, hp, train.num_updates), hp["learning_rate"], steps)

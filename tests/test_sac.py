@@ -17,7 +17,7 @@ import pytest
 
 import sac
 import td3
-from conftest import assert_learns, assert_usage_error, validated
+from conftest import assert_anneals_linearly, assert_learns, assert_usage_error, validated
 from runner import cli, envs, reports, sweep
 
 # One table, judged as the other files' (conftest.learning_verdict: the seeds' median final return,
@@ -268,15 +268,7 @@ def test_anneal_lr_spans_exactly_the_runs_gradient_steps(learning_starts):
     assert steps < env_steps or learning_starts == 0
     state = jax.jit(train)(jax.random.PRNGKey(0), hp)[0]
     assert int(state.opt_state[0].count) == steps  # Adam's
-    tx = sac.make_tx(args, hp, train.num_updates)
-    params = {"w": jnp.zeros(())}
-    opt_state, sizes = tx.init(params), []
-    for _ in range(steps + 1):
-        updates, opt_state = tx.update({"w": jnp.ones(())}, opt_state, params)
-        sizes.append(-float(updates["w"]))
-    lr = float(hp["learning_rate"])
-    np.testing.assert_allclose(sizes, lr * (1 - np.arange(steps + 1) / steps), rtol=1e-5,
-                               atol=1e-9)
+    assert_anneals_linearly(sac.make_tx(args, hp, train.num_updates), hp["learning_rate"], steps)
 
 
 def test_updates_sample_only_the_slots_written():
