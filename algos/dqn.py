@@ -228,11 +228,12 @@ def make_tx(args, hp, num_updates: int):
     """Adam from a run's traced learning rate, built in each program (it closes over hp); with
     --anneal-lr, linear to 0 over the run's gradient steps: those at every train_frequency-th
     step of the envs from the one that reaches learning_starts on."""
+    if not args.anneal_lr:
+        return optax.adam(hp["learning_rate"])
     env_steps = np.arange(1, num_updates * args.num_steps + 1)  # of each env, as steps_done
     steps = int(((env_steps * args.num_envs >= args.learning_starts)
                  & (env_steps % args.train_frequency == 0)).sum())
-    lr = hp["learning_rate"]
-    return optax.adam(optax.linear_schedule(lr, 0.0, steps) if args.anneal_lr else lr)
+    return optax.adam(optax.linear_schedule(hp["learning_rate"], 0.0, steps))
 
 
 def make_train(args, env, env_params, shard):

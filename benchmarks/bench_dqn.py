@@ -35,7 +35,6 @@ from __future__ import annotations
 import importlib.util
 import os
 import sys
-import tempfile
 import time
 import types
 from pathlib import Path
@@ -286,10 +285,8 @@ def part_d(quick: bool) -> list[str]:
                  *(["--total-timesteps", str(QUICK_STEPS)] if quick else [])]
         commands.append(f"python algos/dqn.py {' '.join(flags)} --no-track --compile-cache-dir "
                         "EMPTY_TEMP_DIR")
-        with tempfile.TemporaryDirectory() as cache:
-            result = common.run_command("dqn", flags, published, cache, MINATAR_TIMEOUT_S)
-        rows.append([env_id, f"{published:g}",
-                     *bench_sac.row_a("dqn", result, published)])
+        result = bench_sac.ours("dqn", flags, published, MINATAR_TIMEOUT_S)
+        rows.append([env_id, f"{published:g}", *bench_sac.row_a("dqn", result, published)])
         print(f"  dqn (d) {env_id}: done", flush=True)
     headers = ["game", "Young & Tian's DQN (5M frames)", "command", "seeds x steps",
                "env steps per seed until every seed held the published return",

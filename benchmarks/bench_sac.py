@@ -191,11 +191,12 @@ def worker(config: dict) -> dict:
 
 
 # ----------------------------------------------------------------------------- running them
-def ours(name: str, flags: list[str], threshold: float = THRESHOLD) -> dict:
+def ours(name: str, flags: list[str], threshold: float = THRESHOLD,
+         timeout: float = 3600) -> dict:
     """`python algos/<name>.py FLAGS --no-track` in its own process, an empty compilation
-    cache; each seed's time to `threshold` (common.run_command)."""
+    cache; each seed's time to `threshold` (common.run_command), killed after `timeout` s."""
     with tempfile.TemporaryDirectory() as cache:
-        return common.run_command(name, flags, threshold, cache)
+        return common.run_command(name, flags, threshold, cache, timeout)
 
 
 def row_a(name: str, r: dict, threshold: float = THRESHOLD) -> list:

@@ -5,7 +5,7 @@
 PureJaxRL's configuration (a buffer of 10,000, Adam 2.5e-4 constant) left the greedy policy under
 475 at the end of 500k steps on some seeds. Each command here sweeps the learning rate of one
 (buffer, annealing) pair: `python algos/dqn.py --seed BASE --num-seeds 4 --eval-episodes 64 FLAGS`
-in one process with an empty compilation cache (common.run_command), on the tuning bases 1, 100
+in one process with an empty compilation cache (bench_sac.ours), on the tuning bases 1, 100
 and 200 (the held-out base 5000 judges the chosen preset: DQN.md (a)). Per configuration and
 base: each seed's greedy evaluation (64 episodes), how many are at 475 or more, the final
 training return's mean; then each configuration's count over the three bases.
@@ -14,12 +14,12 @@ from __future__ import annotations
 
 import argparse
 import sys
-import tempfile
 from pathlib import Path
 
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import bench_sac  # noqa: E402
 import common  # noqa: E402
 
 BASES, SEEDS, THRESHOLD = (1, 100, 200), 4, 475.0
@@ -36,8 +36,7 @@ def rows(flags: list[str], base: int, quick: bool) -> list[list]:
     seeds at the threshold, final training return, whole process s)."""
     typed = ["--seed", str(base), "--num-seeds", str(2 if quick else SEEDS), "--eval-episodes",
              "4" if quick else "64", *flags, *(QUICK_FLAGS if quick else [])]
-    with tempfile.TemporaryDirectory() as cache:
-        r = common.run_command("dqn", typed, THRESHOLD, cache)
+    r = bench_sac.ours("dqn", typed, THRESHOLD)
     fixed = " ".join(flags[:4])
     out = []
     for c, config in enumerate(r["configs"]):
