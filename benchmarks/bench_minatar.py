@@ -396,7 +396,7 @@ def small_tasks() -> str:
                      f">= {target:g}: " + ("met" if evaluation.mean() >= target else "not met"),
                      f"{r['process_s']:.0f}"])
     return "\n\n".join([
-        "## The small tasks of issue 20",
+        "## The small tasks: Acrobot-v1 and MountainCar-v0",
         "Each as typed, one process, an empty compilation cache, with its preset (ppo.py's "
         "PRESETS names each one's source). Final training return and evaluation as above; the "
         "target is judged on the sampled evaluation.",
