@@ -128,8 +128,16 @@ def run(quick: bool = False, names=None, seeds: int | None = None,
         headers += ["whole process s", "compile s", "steps/s (all seeds)"]
     held_out = "" if seed_base is None else (
         f", held out: --seed {seed_base}, a seed base no preset search nor test used")
-    text = [f"## Seed robustness of the default commands ({seeds} seeds, one sweep each{held_out})",
-            "Each command as typed, one process, an empty compilation cache. Final score: the "
+    if candidates:
+        title = (f"## Sweeps around the defaults ({seeds} seeds per configuration, one sweep per "
+                 f"command{held_out})")
+        how = "Each command with its grid of CANDIDATES, one process, an empty compilation cache."
+    else:
+        title = (f"## Seed robustness of the default commands ({seeds} seeds, one sweep "
+                 f"each{held_out})")
+        how = "Each command as typed, one process, an empty compilation cache."
+    text = [title,
+            how + " Final score: the "
             "mean episode return over the last 5% of updates (q_learning: the final "
             "greedy_optimal, the fraction of states whose greedy action is optimal, averaged "
             "over the agents of a seed). Thresholds: CartPole-v1 475, Pendulum-v1 -250, "
