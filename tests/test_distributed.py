@@ -103,33 +103,11 @@ def test_one_run_over_two_processes_writes_what_one_process_computes(tmp_path):
         assert f"{tag} per seed (4 episodes): {values[0]:.4g}" in out0, (tag, values, out0)
 
 
-def test_killed_distributed_run_resumes(tmp_path):
-    """Both processes killed after the second checkpoint; resumed with the same flags they end
-    with exactly the numbers of the uninterrupted run (q_learning: the same on every layout)."""
-    fields = dict(num_agents=64, num_steps=1000, total_timesteps=1000 * 200, num_seeds=2,
-                  learning_rate=(0.1, 0.5))
-    procs = start(ql, tmp_path, fields, free_port())
-    progress = 0
-    for line in procs[0].stdout:
-        progress += "] steps " in line
-        if progress == 2:
-            break
-    for proc in procs:
-        proc.send_signal(signal.SIGKILL)
-        proc.communicate(timeout=60)
-        assert proc.returncode == -signal.SIGKILL, "the run ended before the kill"
-    (run_dir,) = tmp_path.glob("*__*")
-    procs = start(ql, tmp_path, fields, free_port(), "--resume", str(run_dir))
-    for proc in procs:
-        _, err = proc.communicate(timeout=300)
-        assert proc.returncode == 0, err[-2000:]
-    args = validated(ql, track=False, **fields)
-    np.testing.assert_array_equal(written(ql, run_dir, args), sweep.run(args)[1]["stats/q_error"])
-
-
-def test_a_signal_to_one_process_stops_them_all_after_the_same_segment(tmp_path):
+def test_a_signal_to_one_process_stops_them_all_and_they_resume(tmp_path):
     """Ctrl-C to process 1 alone (SIGINT): both processes stop after the same segment, exit 130,
-    and process 0 writes the checkpoint of that segment and says how to continue."""
+    and process 0 writes the checkpoint of that segment and says how to continue; resumed with
+    the same flags they end with exactly the numbers of the uninterrupted run (q_learning: the
+    same on every layout). (A kill -9 resumes alike: test_long_runs.py, one process.)"""
     fields = dict(num_agents=64, num_steps=1000, total_timesteps=1000 * 200, num_seeds=2,
                   learning_rate=(0.1, 0.5))
     procs = start(ql, tmp_path, fields, free_port())
@@ -141,6 +119,12 @@ def test_a_signal_to_one_process_stops_them_all_after_the_same_segment(tmp_path)
     (run_dir,) = tmp_path.glob("*__*")
     assert len(read_scalars(run_dir / "learning_rate=0.1" / "seed_0", "stats/q_error")) \
         == 20 * (1 + out0.count("] steps "))  # the segments process 0 reported, 20 updates each
+    procs = start(ql, tmp_path, fields, free_port(), "--resume", str(run_dir))
+    for proc in procs:
+        _, err = proc.communicate(timeout=300)
+        assert proc.returncode == 0, err[-2000:]
+    args = validated(ql, track=False, **fields)
+    np.testing.assert_array_equal(written(ql, run_dir, args), sweep.run(args)[1]["stats/q_error"])
 
 
 def test_runs_that_do_not_split_over_the_processes(tmp_path):

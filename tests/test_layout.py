@@ -72,6 +72,18 @@ def test_the_tails_are_identical_and_nothing_above_them_uses_the_runner():
         assert "__getattr__" not in defined and "main" not in defined, name
 
 
+def test_is_eval_imports_third_party_packages_only():
+    """is_eval.py trains nothing and stands alone (a copy anywhere runs: test_is_eval.py runs
+    one): it imports no module of this repository, relatively or by name."""
+    tree = ast.parse((ALGOS / "is_eval.py").read_text())
+    imports = [n for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom))]
+    assert not any(isinstance(n, ast.ImportFrom) and n.level for n in imports)
+    names = {a.name.split(".")[0] for n in imports if isinstance(n, ast.Import) for a in n.names}
+    names |= {n.module.split(".")[0] for n in imports if isinstance(n, ast.ImportFrom)}
+    ours = {p.stem for p in ALGOS.glob("*.py")} | {p.name for p in ROOT.iterdir() if p.is_dir()}
+    assert names and not names & (ours | {"runner", "conftest", "common"}), names & ours
+
+
 def test_importing_a_training_file_loads_no_runner():
     """`import ppo` (and every other training file) loads no module of the runner."""
     code = ("import sys; sys.path.insert(0, 'algos'); import ppo, vpg, q_learning, pqn, ppo_rnn, "

@@ -1,9 +1,10 @@
 """Long runs: the command line trains in segments of one compiled program, writes tensorboard
 events and a checkpoint after each, and --resume continues a killed (kill -9) or interrupted
 (Ctrl-C) run to exactly what the uninterrupted run computes. The runner is the same for every
-file (algos/runner/): the kill and Ctrl-C run q_learning's
-2-configuration sweep as a user would (its compile is the shortest); ppo's state (optimiser,
-normalisation statistics) goes through a checkpoint in this process."""
+file (algos/runner/): the kill and Ctrl-C stop q_learning's 2-configuration sweep run as a user
+would (its compile is the shortest), and its --resume runs here, through the same main() (a
+resume in processes of its own: test_distributed.py); ppo's state (optimiser, normalisation
+statistics) goes through a checkpoint in this process."""
 import dataclasses
 import errno
 import os
@@ -115,7 +116,7 @@ def assert_same_as_uninterrupted(module, run_dir, out, reference, pbt=False):
 
 
 @pytest.mark.parametrize("module", [ql], ids=ids)
-def test_killed_pbt_run_resumes_to_the_uninterrupted_result(module, tmp_path, reference):
+def test_killed_pbt_run_resumes_to_the_uninterrupted_result(module, tmp_path, reference, capsys):
     """kill -9 after the second segment's checkpoint of a --pbt run (its population stepped
     after each segment): the event files already hold the curves so far (tensorboard shows a run
     live), and --resume finishes the run as if nothing happened, its population too. The
@@ -127,10 +128,9 @@ def test_killed_pbt_run_resumes_to_the_uninterrupted_result(module, tmp_path, re
     written = [s for s, _ in read_scalars(seed_dir, TAGS[module])]
     total = RUNS[module]["total_timesteps"] * RUNS[module].get("num_agents", 1)
     assert written and max(written) < total, written  # some curve, not all of it
-    proc = run_script(f"{module.__name__}.py", "--resume", run_dir, "--save-model")
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "population by lineage, best first" in proc.stdout
-    assert_same_as_uninterrupted(module, run_dir, proc.stdout, reference, pbt=True)
+    out = run_main(module, ["--resume", run_dir, "--save-model"], capsys)  # (in this process)
+    assert "population by lineage, best first" in out
+    assert_same_as_uninterrupted(module, run_dir, out, reference, pbt=True)
     # Tensorboard: a member's hyperparameters at every update; the copies of the population's 9
     # steps (at most one each, a quarter of its 4 runs, where a better run was there to copy), at
     # the step of the segment's end, those of the uninterrupted run.
@@ -143,7 +143,8 @@ def test_killed_pbt_run_resumes_to_the_uninterrupted_result(module, tmp_path, re
 
 @pytest.mark.parametrize("module, sig, code", [(ql, signal.SIGINT, 130),
                                                (ql, signal.SIGTERM, 143)], ids=["int", "term"])
-def test_a_signal_stops_after_the_segment_and_resumes(module, sig, code, tmp_path, reference):
+def test_a_signal_stops_after_the_segment_and_resumes(module, sig, code, tmp_path, reference,
+                                                      capsys):
     """Ctrl-C (SIGINT), or the SIGTERM a scheduler sends before it preempts a job: the segment
     finishes, its checkpoint is written, one line says how to resume, exit 128 + the signal; the
     resumed run ends where the uninterrupted one does."""
@@ -154,9 +155,8 @@ def test_a_signal_stops_after_the_segment_and_resumes(module, sig, code, tmp_pat
     assert f"continue with: python {ALGOS / script} --resume {run_dir}" in out
     assert "stopping at the end of this segment" in err and "Traceback" not in err
     assert (run_dir / "checkpoint.msgpack").is_file()
-    proc = run_script(script, "--resume", run_dir, "--save-model")
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert_same_as_uninterrupted(module, run_dir, proc.stdout, reference)
+    out = run_main(module, ["--resume", run_dir, "--save-model"], capsys)  # (in this process)
+    assert_same_as_uninterrupted(module, run_dir, out, reference)
 
 
 def test_a_signal_in_the_last_segment_lets_the_run_finish(tmp_path, reference):
