@@ -26,26 +26,25 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_minatar  # noqa: E402
 import common  # noqa: E402
 
-CNN = ["--network", "cnn"]  # MinAtar's network, its torso shared by the two heads
 M = 1_000_000
-# game -> [(flags beside --env-id, seed bases)]: the configurations tried, in the order run. (The
-# first rows of MINATAR_SEARCH.md name a --shared-torso flag that the search retired: the CNN's
-# torso is shared since, as the separate-torso row measured no better.)
+# The network and epochs of every row named, whatever a game's preset is now (the search chose
+# them): PureJaxRL's MLP on 4 epochs, MinAtar's CNN (its torso shared by the two heads) on 4 or 2.
+MLP = ["--network", "mlp", "--update-epochs", "4"]
+CNN_4, CNN_2 = (["--network", "cnn", "--update-epochs", e] for e in ("4", "2"))
+
+
+def steps(n: int) -> list[str]:
+    return ["--total-timesteps", str(n)]
+
+
+# game -> [(flags beside --env-id, seed bases)]: the configurations tried, in the order run.
 SEARCH = {
-    "Asterix-MinAtar": [(CNN + ["--total-timesteps", str(3 * M // 2)], (1, 2)),
-                        (CNN + ["--total-timesteps", str(M)], (1,)),
-                        (CNN + ["--total-timesteps", str(3 * M // 2), "--update-epochs", "2"],
-                         (1, 2)),
-                        (CNN + ["--total-timesteps", str(M), "--update-epochs", "2"], (1,))],
-    "Freeway-MinAtar": [(CNN + ["--total-timesteps", str(3 * M // 2), "--update-epochs", "2"],
-                         (1, 2)),
-                        (CNN + ["--total-timesteps", str(3 * M // 2)], (1,))],
-    "Breakout-MinAtar": [([], (1,)),
-                         (CNN + ["--total-timesteps", str(M), "--update-epochs", "2"], (1,))],
-    "SpaceInvaders-MinAtar": [([], (1,)), (CNN + ["--total-timesteps", str(2 * M),
-                                                  "--update-epochs", "2"], (1,))],
-    "Seaquest-MinAtar": [(["--total-timesteps", str(M)], (1,)),
-                         (CNN + ["--total-timesteps", str(M), "--update-epochs", "2"], (1,))],
+    "Asterix-MinAtar": [(CNN_4 + steps(3 * M // 2), (1, 2)), (CNN_4 + steps(M), (1,)),
+                        (CNN_2 + steps(3 * M // 2), (1, 2)), (CNN_2 + steps(M), (1,))],
+    "Freeway-MinAtar": [(CNN_2 + steps(3 * M // 2), (1, 2)), (CNN_4 + steps(3 * M // 2), (1,))],
+    "Breakout-MinAtar": [(MLP + steps(3 * M), (1,)), (CNN_2 + steps(M), (1,))],
+    "SpaceInvaders-MinAtar": [(MLP + steps(3 * M), (1,)), (CNN_2 + steps(2 * M), (1,))],
+    "Seaquest-MinAtar": [(MLP + steps(M), (1,)), (CNN_2 + steps(M), (1,))],
 }
 QUICK_FLAGS = ["--total-timesteps", str(3 * 64 * 128), "--num-seeds", "2"]
 HEADERS = ["game", "flags beside --env-id", "seed base", "evaluation, sampled: mean (each seed)",
@@ -77,6 +76,15 @@ def main():
         parser.error(f"--only: unknown {', '.join(sorted(unknown))}")
     out = common.RESULTS / "MINATAR_SEARCH.md"
     out.parent.mkdir(parents=True, exist_ok=True)
+    if not opts.skip:  # a new search: a new file (--skip: a stopped one's rows go on below)
+        command = f"python benchmarks/search_minatar.py --only {opts.only}" + (
+            " --quick" if opts.quick else "")
+        out.write_text("\n\n".join([
+            "# The MinAtar preset search (benchmarks/search_minatar.py, seed bases 1 and 2)",
+            *common.produced_by(command, "quick" if opts.quick else "full"),
+            f"Load average (1, 5, 15 min) at the start: {common.load_average()}.",
+            "Each row: `python algos/ppo.py --env-id GAME FLAGS --seed BASE`, 4 seeds, the "
+            "preset's other values, its own process with an empty compilation cache."]) + "\n")
     with open(out, "a") as f:
         f.write(f"\n{common.machine_header()}\n\n`python benchmarks/search_minatar.py --only "
                 f"{opts.only}`{' --quick' if opts.quick else ''}, started "
