@@ -86,10 +86,11 @@ def main():
             "Each row: `python algos/ppo.py --env-id GAME FLAGS --seed BASE`, 4 seeds, the "
             "preset's other values, its own process with an empty compilation cache."]) + "\n")
     with open(out, "a") as f:
-        f.write(f"\n{common.machine_header()}\n\n`python benchmarks/search_minatar.py --only "
-                f"{opts.only}`{' --quick' if opts.quick else ''}, started "
-                f"{time.strftime('%Y-%m-%d %H:%M')}, load average {common.load_average()}\n\n"
-                + common.md_table(HEADERS, []) + "\n")
+        if opts.skip:  # (the header above is the first invocation's)
+            f.write(f"\n{common.machine_header()}\n\n`python benchmarks/search_minatar.py --only "
+                    f"{opts.only} --skip {opts.skip}`{' --quick' if opts.quick else ''}, started "
+                    f"{time.strftime('%Y-%m-%d %H:%M')}, load average {common.load_average()}\n")
+        f.write("\n" + common.md_table(HEADERS, []) + "\n")
     rows = [(game, flags, base) for game in games for flags, bases in SEARCH[game]
             for base in bases]
     for game, flags, base in rows[opts.skip:]:
