@@ -10,7 +10,7 @@ them, each row naming its file), with one command.
     python benchmarks/run.py --only long_runs  # segments vs one program, checkpoints, live
                                                # tensorboard (about 10 minutes)
     python benchmarks/run.py --only minatar    # ppo.py's MinAtar presets on five games beside
-                                               # the published PPO returns (69 minutes)
+                                               # the published PPO returns (46 minutes)
     python benchmarks/run.py --only pbt        # --pbt on held-out seed bases (about 50 min)
     python benchmarks/run.py --only devices    # one seed over 1 and 2 devices, 2 processes
     python benchmarks/run.py --only rnn        # ppo_rnn.py beside ppo.py on memory tasks
@@ -27,7 +27,7 @@ last) and the PNGs into --out (default benchmarks/results/). Run it alone on the
 from a loaded machine go in no table.
 Every workload runs in its own process (common.run_worker). The envs section (well over an hour
 on 2 cores), the long_runs section (about 10 minutes: it would break the budget below) and the
-minatar section (69 minutes measured, MINATAR.md) run only when --only names them,
+minatar section (46 minutes measured, MINATAR.md) run only when --only names them,
 and write ENVS.md, LONG_RUNS.md and MINATAR.md, never RESULTS.md.
 
 Time budget of the full run on 2 cores, in seconds (estimated from measurements on a quiet
@@ -55,12 +55,12 @@ machine; RESULTS.md ends with each section's real time):
                                    is_eval 402); that of 2026-11-28, 2345 s (commands 310,
                                    robustness 1526, pqn 725 of it, q_learning 117, is_eval 392;
                                    --peers 1117 s more)
-    minatar         14     4138    optional (--only minatar), outside the total, measured on
-                                   2026-12-02 on a 2-core Intel Xeon: ppo.py's 5 games x 4 seeds
-                                   (Breakout on 3 seed bases), 117-277 s each but Seaquest (631 s:
-                                   gymnax's Seaquest steps at 10k steps/s, the others at 24-114k);
-                                   pqn.py beside them 222-712 s each (2050 s); the CNN's speed,
-                                   then Acrobot 17 s and MountainCar 63 s
+    minatar         14     2744    optional (--only minatar), outside the total, measured on
+                                   2026-12-07 on MINATAR.md's 2-core AMD EPYC: ppo.py's 5 games x
+                                   4 seeds (Breakout on 3 seed bases), 71-151 s each but Seaquest
+                                   (399 s: its CNN run trains at 16k steps/s, the others at
+                                   46-198k); pqn.py beside them 153-504 s each (1443 s); the
+                                   CNN's speed, then Acrobot 13 s and MountainCar 42 s
 
 Cold and warm: "cold" figures come from an empty compilation cache (the process compiles), "warm"
 ones from the cache the cold run of the same command filled; every robustness sweep and the
