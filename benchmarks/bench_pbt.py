@@ -2,7 +2,7 @@
 configuration a user would have chosen from the same grid, and beside the grid's median.
 
     python benchmarks/bench_pbt.py [--quick]
-    python benchmarks/run.py --only pbt            # writes PBT.md (about 50 minutes on 2 cores)
+    python benchmarks/run.py --only pbt            # writes PBT.md (46 minutes measured)
 
 A held-out trial (issue 53). First the fixed grid runs on the seed bases used while developing
 (CHOICE_BASES), and the configuration with the best mean evaluation over them is chosen, as a

@@ -11,7 +11,7 @@ them, each row naming its file), with one command.
                                                # tensorboard (about 10 minutes)
     python benchmarks/run.py --only minatar    # ppo.py's MinAtar presets on five games beside
                                                # the published PPO returns (46 minutes)
-    python benchmarks/run.py --only pbt        # --pbt on held-out seed bases (about 50 min)
+    python benchmarks/run.py --only pbt        # --pbt on held-out seed bases (46 minutes)
     python benchmarks/run.py --only devices    # one seed over 1 and 2 devices, 2 processes
     python benchmarks/run.py --only rnn        # ppo_rnn.py beside ppo.py on memory tasks
     python benchmarks/run.py --only sac        # sac.py beside ppo.py, rejax and sbx (~38 min)
