@@ -1,7 +1,7 @@
 """DQN (algos/dqn.py) on CartPole-v1 and Acrobot-v1 on held-out seeds, beside rejax's DQN and
 PureJaxRL's dqn.py.
 
-    PUREJAXRL_DIR=DIR python benchmarks/run.py --only dqn   # writes results/DQN.md (~21 minutes)
+    PUREJAXRL_DIR=DIR python benchmarks/run.py --only dqn   # writes results/DQN.md (13 minutes)
 
 (a) dqn.py as typed on CartPole-v1 (its preset: 500k steps a seed) and Acrobot-v1 (no preset of
 its own: the "discrete" one, CartPole-v1's), 8 seeds on the held-out seed base 5000, one process

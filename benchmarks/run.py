@@ -17,7 +17,7 @@ them, each row naming its file), with one command.
     python benchmarks/run.py --only sac        # sac.py beside ppo.py, rejax and sbx (~38 min)
     python benchmarks/run.py --only td3        # td3.py, and as DDPG, beside sac.py, rejax and
                                                # CleanRL (~15 min)
-    python benchmarks/run.py --only dqn        # dqn.py on held-out seeds, beside rejax (~21 min)
+    python benchmarks/run.py --only dqn        # dqn.py on held-out seeds, beside rejax (13 min)
     python benchmarks/run.py --only brax       # the CPU-sized Brax presets on held-out seeds,
                                                # ppo.py beside PureJaxRL on hopper (hours:
                                                # hopper and walker2d are 8 x 5M steps each)
