@@ -19,8 +19,9 @@ them, each row naming its file), with one command.
                                                # CleanRL (~15 min)
     python benchmarks/run.py --only dqn        # dqn.py on held-out seeds, beside rejax (13 min)
     python benchmarks/run.py --only brax       # the CPU-sized Brax presets on held-out seeds,
-                                               # ppo.py beside PureJaxRL on hopper (hours:
-                                               # hopper and walker2d are 8 x 5M steps each)
+                                               # ppo.py beside PureJaxRL on hopper (97
+                                               # minutes measured, BRAX.md; hopper and walker2d
+                                               # are 8 x 5M steps each)
 
 Writes RESULTS.md (all tables, machine header and load averages first, the time of every section
 last) and the PNGs into --out (default benchmarks/results/). Run it alone on the machine: numbers
